@@ -1,0 +1,1 @@
+//! Ascend ACL bindings loaded at run time (not built yet).

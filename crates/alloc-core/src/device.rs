@@ -1,0 +1,62 @@
+//! The one seam between the policy and real memory.
+//!
+//! The policy core never touches memory: it asks a [`Device`] for whole segments, returns them,
+//! records and polls stream events, and synchronizes before it gives cached memory back. A runtime
+//! (the ACL backend in `npu-runtime`, `testkit`'s `SimDevice`, or any other embedder) implements
+//! this trait; the policy is generic over it (static dispatch, as wgpu-hal does).
+
+use core::fmt;
+
+/// A device stream, identified by the embedder's handle value; `StreamId(0)` is the default stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct StreamId(pub u64);
+
+/// Free and total device memory in bytes, as `mem_get_info` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemInfo {
+    /// Bytes the device can still hand out.
+    pub free: u64,
+    /// Total device memory usable by this process.
+    pub total: u64,
+}
+
+/// A failed device allocation: out-of-memory enters torch's retry path, anything else does not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceError<E> {
+    /// The device has no memory for the request (ACL 207001, CUDA `cudaErrorMemoryAllocation`).
+    OutOfMemory,
+    /// Any other failure, returned to the caller unchanged.
+    Other(E),
+}
+
+impl<E: fmt::Display> fmt::Display for DeviceError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceError::OutOfMemory => f.write_str("device out of memory"),
+            DeviceError::Other(e) => write!(f, "device error: {e}"),
+        }
+    }
+}
+
+/// What the policy needs from a device. Addresses are plain `u64`; only runtimes make pointers.
+pub trait Device {
+    /// A recorded point on a stream that can be polled; opaque to the policy.
+    type Event;
+    /// The device's own error (for example an ACL status code).
+    type Error: fmt::Debug + fmt::Display;
+
+    /// Allocates one segment of exactly `bytes` bytes and returns its address (never 0).
+    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<Self::Error>>;
+    /// Returns a whole segment obtained from [`Device::malloc`].
+    fn free(&mut self, addr: u64, bytes: u64) -> Result<(), Self::Error>;
+    /// Free and total memory, or `None` when the device cannot tell.
+    fn mem_info(&mut self) -> Option<MemInfo>;
+    /// Records an event on `stream` after all work queued on it so far.
+    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, Self::Error>;
+    /// Whether the work before `event` has completed.
+    fn event_done(&mut self, event: &Self::Event) -> Result<bool, Self::Error>;
+    /// Gives a completed (or abandoned) event back, for reuse or destruction.
+    fn release_event(&mut self, event: Self::Event);
+    /// Waits for all work on every stream; called before cached memory goes back to the device.
+    fn synchronize(&mut self) -> Result<(), Self::Error>;
+}

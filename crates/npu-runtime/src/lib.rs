@@ -1,0 +1,1 @@
+//! The std runtime over alloc-core and acl-sys (not built yet).

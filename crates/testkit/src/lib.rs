@@ -1,0 +1,1 @@
+//! Test and demo support for npu-alloc: a simulated device, the `.trace` parser and the replayer.
