@@ -1,2 +1,41 @@
 //! `cargo xtask`: developer and CI commands for npu-alloc.
-fn main() {}
+//!
+//! One binary with a subcommand per job (matklad's xtask pattern); each job lives in its own module.
+
+mod conf;
+mod replay;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Developer and CI commands for npu-alloc.
+#[derive(Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a `.trace` file through the policy core on the simulated device.
+    Replay(replay::Args),
+    /// Parse an allocator config string (or the environment) and explain the result.
+    Conf(conf::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with success; malformed command lines exit 2.
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+        }
+    };
+    match cli.command {
+        Command::Replay(args) => replay::run(args),
+        Command::Conf(args) => conf::run(args),
+    }
+}
