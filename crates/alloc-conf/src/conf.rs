@@ -53,6 +53,15 @@ pub struct AllocConf {
     pub backend: Backend,
 }
 
+impl AllocConf {
+    /// The `roundup_power2_divisions` value for a byte size: bucket
+    /// `clamp(floor(log2(size)) - 20, 0, 15)`, so sizes below 1 MiB share bucket 0.
+    pub fn roundup_divisions(&self, size: u64) -> u32 {
+        let log2 = size.max(1).ilog2() as usize;
+        self.roundup_power2_divisions[log2.saturating_sub(20).min(ROUNDUP_BUCKETS - 1)]
+    }
+}
+
 impl Default for AllocConf {
     fn default() -> Self {
         AllocConf {
@@ -73,5 +82,27 @@ impl Default for AllocConf {
             pinned_num_register_threads: 1,
             backend: Backend::Native,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundup_bucket_of_a_size() {
+        let mut c = AllocConf::default();
+        for (i, d) in c.roundup_power2_divisions.iter_mut().enumerate() {
+            *d = i as u32 + 100;
+        }
+        assert_eq!(c.roundup_divisions(0), 100);
+        assert_eq!(c.roundup_divisions(512), 100);
+        assert_eq!(c.roundup_divisions(2 * MIB - 1), 100);
+        assert_eq!(c.roundup_divisions(2 * MIB), 101);
+        assert_eq!(c.roundup_divisions(84 * MIB), 106);
+        assert_eq!(c.roundup_divisions(400 * MIB), 108);
+        assert_eq!(c.roundup_divisions(1200 * MIB), 110);
+        assert_eq!(c.roundup_divisions(32 << 30), 115);
+        assert_eq!(c.roundup_divisions(u64::MAX), 115);
     }
 }
