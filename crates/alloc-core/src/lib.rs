@@ -1,5 +1,10 @@
 //! The policy core of npu-alloc: PyTorch's caching-allocator behaviour, with no FFI, threads,
 //! clocks or `unsafe`, driven through the [`Device`] trait.
+//!
+//! [`Allocator`] is one device's cache. A runtime wraps it in a lock per device, implements
+//! [`Device`] over its driver, and calls [`Allocator::malloc`] / [`Allocator::free`]. Everything
+//! the user can observe (rounding, pools, split and merge, the miss path, GC aging, stats) follows
+//! `torch-allocator.md`; where torch_npu differs (the 32-byte pad, the OOM message) torch_npu wins.
 #![no_std]
 #![forbid(unsafe_code)]
 
@@ -7,7 +12,25 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+mod allocator;
+mod block;
 mod device;
+mod error;
+mod events;
+mod gc;
+mod pool;
+mod release;
+pub mod size;
+mod snapshot;
+mod split;
+mod stats;
 
 pub use alloc_conf::AllocConf;
+pub use allocator::{Allocator, DeviceFacts, Notice};
 pub use device::{Device, DeviceError, MemInfo, StreamId};
+pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory};
+pub use gc::GcStatus;
+pub use size::PoolKind;
+pub use snapshot::{BlockInfo, BlockState, SegmentInfo};
+pub use split::should_split;
+pub use stats::{DeviceStats, STAT_ARRAY_NAMES, Stat, StatArray};

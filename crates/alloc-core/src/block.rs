@@ -1,0 +1,110 @@
+//! Block records: torch's `Block`, kept in a slab and linked by index instead of by pointer.
+//!
+//! A segment is a chain of blocks (`prev`/`next`) covering one device allocation; splitting and
+//! merging relink the chain. The block at a segment's start keeps its id for the segment's whole
+//! life, so the segment table can point at it.
+
+use alloc::vec::Vec;
+
+use crate::device::StreamId;
+use crate::size::PoolKind;
+
+/// Index of a block record in the slab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct BlockId(u32);
+
+/// One block of device memory: allocated, free in a pool, or waiting on stream events.
+#[derive(Debug, Clone)]
+pub(crate) struct Block {
+    /// Device address of the first byte.
+    pub(crate) addr: u64,
+    /// Size in bytes (rounded).
+    pub(crate) size: u64,
+    /// The size the caller asked for, while the block is active; 0 otherwise.
+    pub(crate) requested: u64,
+    /// The stream the segment was allocated on; blocks are reused only there.
+    pub(crate) stream: StreamId,
+    /// The pool the segment belongs to.
+    pub(crate) pool: PoolKind,
+    /// Handed out to a caller and not yet freed.
+    pub(crate) allocated: bool,
+    /// The block just below in the same segment.
+    pub(crate) prev: Option<BlockId>,
+    /// The block just above in the same segment.
+    pub(crate) next: Option<BlockId>,
+    /// Stream events still outstanding before the block may return to its pool.
+    pub(crate) event_count: u32,
+    /// Other streams this block was used on (`record_stream`).
+    pub(crate) stream_uses: Vec<StreamId>,
+    /// The pool's lookup counter when the block last entered the pool (GC age base).
+    pub(crate) gc_base: u64,
+}
+
+impl Block {
+    /// A new unsplit, unallocated block covering a whole segment.
+    pub(crate) fn segment(addr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Block {
+        Block {
+            addr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            prev: None,
+            next: None,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_base: 0,
+        }
+    }
+
+    /// Whether the block shares its segment with other blocks (torch's `is_split`).
+    pub(crate) fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+
+    /// Whether the block is free and waits on nothing, so it may merge or be reused.
+    pub(crate) fn is_idle(&self) -> bool {
+        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+    }
+}
+
+/// The slab of block records, with a free list of vacant slots.
+#[derive(Debug, Default)]
+pub(crate) struct Blocks {
+    slots: Vec<Block>,
+    vacant: Vec<u32>,
+}
+
+impl Blocks {
+    /// Stores a block and returns its id.
+    pub(crate) fn insert(&mut self, block: Block) -> BlockId {
+        if let Some(i) = self.vacant.pop() {
+            self.slots[i as usize] = block;
+            BlockId(i)
+        } else {
+            let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 blocks");
+            self.slots.push(block);
+            BlockId(i)
+        }
+    }
+
+    /// Frees the slot of a block that is no longer linked anywhere.
+    pub(crate) fn remove(&mut self, id: BlockId) {
+        self.slots[id.0 as usize].stream_uses = Vec::new();
+        self.vacant.push(id.0);
+    }
+}
+
+impl core::ops::Index<BlockId> for Blocks {
+    type Output = Block;
+    fn index(&self, id: BlockId) -> &Block {
+        &self.slots[id.0 as usize]
+    }
+}
+
+impl core::ops::IndexMut<BlockId> for Blocks {
+    fn index_mut(&mut self, id: BlockId) -> &mut Block {
+        &mut self.slots[id.0 as usize]
+    }
+}

@@ -1,0 +1,209 @@
+//! Errors of the policy core, each with torch_npu's wording where users know it.
+
+use core::fmt;
+
+/// Formats a byte count as torch's `format_size` does ("N bytes", then KiB, MiB, GiB with two
+/// decimals).
+pub struct FormatSize(pub u64);
+
+impl fmt::Display for FormatSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        let x = n as f64;
+        if n <= 1024 {
+            write!(f, "{n} bytes")
+        } else if n <= 1 << 20 {
+            write!(f, "{:.2} KiB", x / 1024.0)
+        } else if n <= 1 << 30 {
+            write!(f, "{:.2} MiB", x / (1u64 << 20) as f64)
+        } else {
+            write!(f, "{:.2} GiB", x / (1u64 << 30) as f64)
+        }
+    }
+}
+
+/// An out-of-memory failure with the numbers torch_npu prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutOfMemory {
+    /// Device index.
+    pub device: u32,
+    /// The size the caller asked for.
+    pub requested: u64,
+    /// The segment size the allocator tried to get (what torch reports as "Tried to allocate").
+    pub alloc_size: u64,
+    /// Total device memory, when the device reports it.
+    pub total: Option<u64>,
+    /// Free device memory at the time of the failure, when the device reports it.
+    pub free: Option<u64>,
+    /// Bytes allocated to callers (`allocated_bytes.all.current`).
+    pub allocated: u64,
+    /// Bytes of active blocks (`active_bytes.all.current`).
+    pub active: u64,
+    /// Bytes reserved in segments (`reserved_bytes.all.current`).
+    pub reserved: u64,
+    /// The per-process limit, when a fraction below 1 is set.
+    pub allowed: Option<u64>,
+}
+
+struct Maybe(Option<u64>);
+
+impl fmt::Display for Maybe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(n) => FormatSize(n).fmt(f),
+            None => f.write_str("unknown"),
+        }
+    }
+}
+
+impl fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "NPU out of memory. Tried to allocate {} (NPU {}; {} total capacity; {} already allocated; \
+             {} current active; {} free; ",
+            FormatSize(self.alloc_size),
+            self.device,
+            Maybe(self.total),
+            FormatSize(self.allocated),
+            FormatSize(self.active),
+            Maybe(self.free),
+        )?;
+        if let Some(allowed) = self.allowed {
+            write!(f, "{} allowed; ", FormatSize(allowed))?;
+        }
+        write!(
+            f,
+            "{} reserved in total by PyTorch).If reserved memory is >> allocated memory try setting \
+             max_split_size_mb to avoid fragmentation.",
+            FormatSize(self.reserved)
+        )
+    }
+}
+
+/// A failed `malloc`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocError<E> {
+    /// No memory after torch's whole retry chain.
+    OutOfMemory(OutOfMemory),
+    /// A request of 1 EiB or more, refused before the allocator runs.
+    TooLarge {
+        /// The requested size.
+        size: u64,
+    },
+    /// A device failure other than out-of-memory, passed through unchanged.
+    Device(E),
+}
+
+impl<E: fmt::Display> fmt::Display for AllocError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::OutOfMemory(oom) => oom.fmt(f),
+            AllocError::TooLarge { .. } => {
+                f.write_str("NPU out of memory. Tried to allocate more than 1EB memory.")
+            }
+            AllocError::Device(e) => write!(f, "device error during allocation: {e}"),
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for AllocError<E> {}
+
+/// A failed `free` or `record_stream`; the allocator's state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FreeError<E> {
+    /// The address lies in no segment of this allocator.
+    ForeignPointer {
+        /// The address given.
+        addr: u64,
+    },
+    /// The address lies in a segment but is not a live allocation (a double free, a block whose
+    /// free is pending, or an interior pointer).
+    NotAllocated {
+        /// The address given.
+        addr: u64,
+    },
+    /// Recording the stream events failed and so did the device synchronization fallback.
+    Device(E),
+}
+
+impl<E: fmt::Display> fmt::Display for FreeError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FreeError::ForeignPointer { addr } => write!(f, "invalid device pointer: {addr:#x}"),
+            FreeError::NotAllocated { addr } => write!(
+                f,
+                "invalid device pointer: {addr:#x} is not a live allocation (double free?)"
+            ),
+            FreeError::Device(e) => write!(f, "device error during free: {e}"),
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for FreeError<E> {}
+
+/// A rejected `set_per_process_memory_fraction`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FractionError {
+    /// The fraction is not within [0, 1].
+    OutOfRange(f64),
+    /// A limit below 1 needs the device's total memory, which the device does not report.
+    TotalUnknown,
+}
+
+impl fmt::Display for FractionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FractionError::OutOfRange(v) => {
+                write!(f, "Invalid fraction value: {v}. Allowed range: 0~1")
+            }
+            FractionError::TotalUnknown => f.write_str(
+                "set_per_process_memory_fraction needs the device's total memory, which it does not report",
+            ),
+        }
+    }
+}
+
+impl core::error::Error for FractionError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+
+    #[test]
+    fn format_size_boundaries() {
+        assert_eq!(FormatSize(1024).to_string(), "1024 bytes");
+        assert_eq!(FormatSize(1025).to_string(), "1.00 KiB");
+        assert_eq!(FormatSize(1 << 20).to_string(), "1024.00 KiB");
+        assert_eq!(FormatSize(20 << 20).to_string(), "20.00 MiB");
+        assert_eq!(FormatSize(1 << 30).to_string(), "1024.00 MiB");
+        assert_eq!(FormatSize(3 << 29).to_string(), "1.50 GiB");
+    }
+
+    #[test]
+    fn oom_message_is_torch_npus() {
+        let oom = OutOfMemory {
+            device: 0,
+            requested: 2 << 20,
+            alloc_size: 20 << 20,
+            total: Some(64 << 30),
+            free: Some(10 << 20),
+            allocated: 3 << 30,
+            active: 3 << 30,
+            reserved: 4 << 30,
+            allowed: None,
+        };
+        assert_eq!(
+            oom.to_string(),
+            "NPU out of memory. Tried to allocate 20.00 MiB (NPU 0; 64.00 GiB total capacity; \
+             3.00 GiB already allocated; 3.00 GiB current active; 10.00 MiB free; 4.00 GiB \
+             reserved in total by PyTorch).If reserved memory is >> allocated memory try setting \
+             max_split_size_mb to avoid fragmentation."
+        );
+        let limited = OutOfMemory { allowed: Some(32 << 30), ..oom };
+        assert!(limited.to_string().contains("10.00 MiB free; 32.00 GiB allowed; 4.00 GiB reserved"));
+        let e: AllocError<&str> = AllocError::TooLarge { size: 1 << 60 };
+        assert_eq!(e.to_string(), "NPU out of memory. Tried to allocate more than 1EB memory.");
+    }
+}

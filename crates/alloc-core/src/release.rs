@@ -1,0 +1,98 @@
+//! Giving cached segments back to the device: torch's `release_block`,
+//! `release_available_cached_blocks` (just enough oversize blocks) and `release_cached_blocks`
+//! (`empty_cache` and the last OOM retry).
+//!
+//! ACL frees do not wait for queued work (unlike `cudaFree`), so the device is synchronized once
+//! before a batch of frees, as torch_npu does.
+
+use alloc::vec::Vec;
+
+use crate::allocator::{Allocator, Request, pool_index};
+use crate::block::BlockId;
+use crate::device::Device;
+use crate::size::PoolKind;
+
+impl<D: Device> Allocator<D> {
+    /// Frees one whole free segment (a block with no neighbours) on the device and forgets it.
+    /// On a device error the block stays cached and nothing changes.
+    pub(crate) fn release_block(&mut self, id: BlockId) -> Result<(), D::Error> {
+        let block = &self.blocks[id];
+        debug_assert!(!block.is_split() && block.is_idle());
+        let (addr, size, pool) = (block.addr, block.size, block.pool);
+        self.device.free(addr, size)?;
+        self.pools[pool_index(pool)].remove(&self.blocks, id);
+        self.segments.remove(&addr);
+        self.blocks.remove(id);
+        self.total_allocated -= size;
+        self.stats.num_device_free += 1;
+        self.stats.segment.decrease(pool, 1);
+        self.stats.reserved_bytes.decrease(pool, size);
+        if self.is_oversize(size) {
+            self.stats.oversize_segments.decrease(1);
+        }
+        Ok(())
+    }
+
+    /// Releases the given whole free segments after one device synchronization.
+    pub(crate) fn release_segments(&mut self, ids: &[BlockId]) -> Result<(), D::Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.device.synchronize()?;
+        for &id in ids {
+            self.release_block(id)?;
+        }
+        Ok(())
+    }
+
+    /// torch's `release_available_cached_blocks`: with a `max_split_size`, free the smallest
+    /// oversize block that covers the request, or else the largest oversize blocks (on the
+    /// request's stream) until their sizes add up to the request. Returns whether enough was freed;
+    /// blocks freed on the way stay freed either way.
+    pub(crate) fn release_available_cached_blocks(&mut self, req: &Request) -> Result<bool, D::Error> {
+        let Some(max_split) = self.conf.max_split_size else {
+            return Ok(false);
+        };
+        let key = req.size.max(max_split);
+        let pool = &self.pools[pool_index(req.pool)];
+        if let Some((_, id)) = pool.best_fit(req.stream, key) {
+            self.release_segments(&[id])?;
+            return Ok(true);
+        }
+        // Walk down from the largest block below `key` on this stream.
+        let mut chosen = Vec::new();
+        let mut released = 0;
+        for (&(stream, size, _), &id) in pool.free.range(..(req.stream, key, 0)).rev() {
+            if released >= key || size < max_split || stream != req.stream {
+                break;
+            }
+            // Oversize blocks are never split, so each is a whole segment; skip anything else
+            // rather than free part of a segment.
+            if !self.blocks[id].is_split() {
+                chosen.push(id);
+                released += size;
+            }
+        }
+        self.release_segments(&chosen)?;
+        Ok(released >= key)
+    }
+
+    /// torch's `release_cached_blocks`: synchronize and drain every event, then free every whole
+    /// free segment of the large pool and then of the small pool. Split segments stay.
+    pub(crate) fn release_cached_blocks(&mut self) -> Result<(), D::Error> {
+        self.synchronize_and_free_events()?;
+        for pool in [PoolKind::Large, PoolKind::Small] {
+            let whole: Vec<BlockId> = self.pools[pool_index(pool)]
+                .free
+                .values()
+                .copied()
+                .filter(|&id| !self.blocks[id].is_split())
+                .collect();
+            // The device was just synchronized; no second synchronization is needed.
+            for id in whole {
+                self.release_block(id)?;
+            }
+        }
+        Ok(())
+    }
+}

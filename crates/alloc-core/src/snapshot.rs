@@ -1,0 +1,117 @@
+//! The allocator's state as torch's `memory_snapshot()` reports it: segments in address order,
+//! each with its blocks and their states. Tests recount every stat from it.
+
+use alloc::vec::Vec;
+
+use crate::allocator::Allocator;
+use crate::device::{Device, StreamId};
+use crate::size::PoolKind;
+
+/// State of one block, with torch's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockState {
+    /// Handed out to a caller.
+    ActiveAllocated,
+    /// Freed by the caller, waiting on stream events.
+    ActivePendingFree,
+    /// Free in its pool.
+    Inactive,
+}
+
+impl BlockState {
+    /// torch's string for the state.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockState::ActiveAllocated => "active_allocated",
+            BlockState::ActivePendingFree => "active_pending_free",
+            BlockState::Inactive => "inactive",
+        }
+    }
+}
+
+/// One block of a segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockInfo {
+    /// Device address.
+    pub address: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// The caller's size while active, else 0.
+    pub requested_size: u64,
+    /// The block's state.
+    pub state: BlockState,
+}
+
+/// One device segment and its blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentInfo {
+    /// Device address of the segment.
+    pub address: u64,
+    /// Segment size in bytes.
+    pub total_size: u64,
+    /// Bytes of allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of active (allocated or pending-free) blocks.
+    pub active_size: u64,
+    /// Requested bytes of active blocks.
+    pub requested_size: u64,
+    /// The stream the segment belongs to.
+    pub stream: StreamId,
+    /// The pool the segment belongs to.
+    pub pool: PoolKind,
+    /// Blocks in address order.
+    pub blocks: Vec<BlockInfo>,
+}
+
+impl<D: Device> Allocator<D> {
+    /// Every segment with its blocks, in address order: torch's `memory_snapshot()`.
+    pub fn snapshot(&self) -> Vec<SegmentInfo> {
+        let mut out = Vec::with_capacity(self.segments.len());
+        for &head in self.segments.values() {
+            let first = &self.blocks[head];
+            let mut seg = SegmentInfo {
+                address: first.addr,
+                total_size: 0,
+                allocated_size: 0,
+                active_size: 0,
+                requested_size: 0,
+                stream: first.stream,
+                pool: first.pool,
+                blocks: Vec::new(),
+            };
+            let mut next = Some(head);
+            while let Some(id) = next {
+                let b = &self.blocks[id];
+                let state = if b.allocated {
+                    BlockState::ActiveAllocated
+                } else if b.event_count > 0 || !b.stream_uses.is_empty() {
+                    BlockState::ActivePendingFree
+                } else {
+                    BlockState::Inactive
+                };
+                seg.total_size += b.size;
+                if state == BlockState::ActiveAllocated {
+                    seg.allocated_size += b.size;
+                }
+                if state != BlockState::Inactive {
+                    seg.active_size += b.size;
+                    seg.requested_size += b.requested;
+                }
+                seg.blocks.push(BlockInfo {
+                    address: b.addr,
+                    size: b.size,
+                    requested_size: b.requested,
+                    state,
+                });
+                next = b.next;
+            }
+            out.push(seg);
+        }
+        out
+    }
+
+    /// Number of events recorded for pending frees and not yet processed.
+    pub fn pending_events(&self) -> usize {
+        self.events.pending()
+    }
+}
