@@ -1,0 +1,413 @@
+//! Finding and opening `libascendcl.so` at run time (it is never linked at build time).
+//!
+//! The search order is a pure function of an environment lookup, [`candidate_paths`], so it can
+//! be tested without touching the process environment. Loading tries the candidates in order
+//! and stops at the first one `dlopen` accepts: that library is then checked for the required
+//! symbols ([`crate::REQUIRED_SYMBOLS`]) and is either the result or an
+//! [`AclError::MissingSymbols`]; it never falls through to a later candidate. When no candidate
+//! opens, [`AclError::NotFound`] lists every one tried with the loader's error.
+//!
+//! Trust: loading runs the library's initialisers and calls its functions through the
+//! signatures of ascend-acl.md §1.2. Whatever path is tried (the caller's, the
+//! `NPU_ALLOC_ACL_LIB` environment variable's, or a CANN install location) is trusted to be a
+//! `libascendcl` or a faithful stand-in such as testkit's fake.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use libloading::Library;
+
+use crate::error::{AclError, LoadAttempt};
+use crate::symbols::{Lib, Result};
+
+/// File name of the ACL runtime library.
+pub const LIB_NAME: &str = "libascendcl.so";
+
+/// Environment variable naming the library to load (a file, or a directory holding
+/// `libascendcl.so`); it is tried right after a path given by the caller.
+pub const LIB_ENV_VAR: &str = "NPU_ALLOC_ACL_LIB";
+
+/// Environment variables naming a CANN install directory (set by CANN's `set_env.sh`), in the
+/// order they are tried.
+pub const HOME_ENV_VARS: &[&str] = &["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"];
+
+/// Library directories under a CANN install directory, in the order they are tried.
+const HOME_LIB_DIRS: &[&str] = &["lib64", "runtime/lib64"];
+
+/// Fixed install locations (directories), tried after the environment's. `$HOME/Ascend/...`
+/// is inserted after the toolkit ones.
+const SYSTEM_TOOLKIT_DIRS: &[&str] = &[
+    "/usr/local/Ascend/ascend-toolkit/latest/lib64",
+    "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64",
+    "/usr/local/Ascend/ascend-toolkit/latest/acllib/lib64",
+];
+
+/// Fixed install locations tried after `$HOME/Ascend/ascend-toolkit/latest/lib64`.
+const SYSTEM_OTHER_DIRS: &[&str] = &[
+    "/usr/local/Ascend/nnae/latest/lib64",
+    "/usr/local/Ascend/cann/lib64",
+    "/usr/local/Ascend/latest/lib64",
+];
+
+/// Every place to try, in order, given `explicit` (a path from the caller) and `env` (an
+/// environment lookup; empty values count as unset):
+///
+/// 1. `explicit`;
+/// 2. `$NPU_ALLOC_ACL_LIB`;
+/// 3. `lib64/` then `runtime/lib64/` then `<arch>-linux/lib64/` under `$ASCEND_HOME_PATH` and
+///    `$ASCEND_TOOLKIT_HOME` (all `lib64` first);
+/// 4. `/usr/local/Ascend/ascend-toolkit/latest/{lib64,runtime/lib64,acllib/lib64}`;
+/// 5. `$HOME/Ascend/ascend-toolkit/latest/lib64`;
+/// 6. `/usr/local/Ascend/nnae/latest/lib64`, `/usr/local/Ascend/cann/lib64`,
+///    `/usr/local/Ascend/latest/lib64`;
+/// 7. the bare name `libascendcl.so`, for the system loader's search (`LD_LIBRARY_PATH`,
+///    `ldconfig`).
+///
+/// Directories are joined with `libascendcl.so`; duplicates keep their first position.
+pub fn candidate_paths<F>(explicit: Option<&Path>, env: F) -> Vec<PathBuf>
+where
+    F: Fn(&str) -> Option<OsString>,
+{
+    let var = |name: &str| env(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut push = |p: PathBuf| {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    };
+
+    if let Some(p) = explicit {
+        push(p.to_path_buf());
+    }
+    if let Some(p) = var(LIB_ENV_VAR) {
+        push(p);
+    }
+    let homes: Vec<PathBuf> = HOME_ENV_VARS.iter().filter_map(|v| var(v)).collect();
+    let arch_dir = format!("{}-linux/lib64", std::env::consts::ARCH);
+    for dir in HOME_LIB_DIRS.iter().copied().chain([arch_dir.as_str()]) {
+        for home in &homes {
+            push(home.join(dir).join(LIB_NAME));
+        }
+    }
+    for dir in SYSTEM_TOOLKIT_DIRS {
+        push(Path::new(dir).join(LIB_NAME));
+    }
+    if let Some(home) = var("HOME") {
+        push(
+            home.join("Ascend/ascend-toolkit/latest/lib64")
+                .join(LIB_NAME),
+        );
+    }
+    for dir in SYSTEM_OTHER_DIRS {
+        push(Path::new(dir).join(LIB_NAME));
+    }
+    push(PathBuf::from(LIB_NAME));
+    out
+}
+
+/// Opens one candidate: a directory stands for the `libascendcl.so` inside it.
+fn open(candidate: &Path) -> core::result::Result<(Library, PathBuf), LoadAttempt> {
+    let path = if candidate.is_dir() {
+        candidate.join(LIB_NAME)
+    } else {
+        candidate.to_path_buf()
+    };
+    // SAFETY: loading runs the library's initialisers. Every candidate is a libascendcl
+    // location (or a path the caller or the environment vouches for, see the module doc), whose
+    // initialisers are safe to run on any thread.
+    match unsafe { Library::new(&path) } {
+        Ok(library) => Ok((library, path)),
+        Err(e) => Err(LoadAttempt {
+            path,
+            error: e.to_string(),
+        }),
+    }
+}
+
+impl Lib {
+    /// Loads the library at exactly `path` (a file, or a directory holding `libascendcl.so`).
+    /// A path without a `/` goes through the system loader's search.
+    ///
+    /// Errors: [`AclError::NotFound`] with this one attempt when it cannot be opened,
+    /// [`AclError::MissingSymbols`] when it opens but lacks required symbols.
+    pub fn load(path: impl AsRef<Path>) -> Result<Lib> {
+        Lib::load_first([path.as_ref()])
+    }
+
+    /// Loads the first of `candidates` that opens; see the module doc for the rules.
+    pub fn load_first<I>(candidates: I) -> Result<Lib>
+    where
+        I: IntoIterator,
+        I::Item: AsRef<Path>,
+    {
+        let mut searched = Vec::new();
+        for candidate in candidates {
+            match open(candidate.as_ref()) {
+                // SAFETY: the opened library is trusted to be a libascendcl (module doc), so
+                // its symbols have the signatures the table declares.
+                Ok((library, path)) => return unsafe { Lib::from_library(library, path) },
+                Err(attempt) => searched.push(attempt),
+            }
+        }
+        Err(AclError::NotFound { searched })
+    }
+
+    /// Searches [`candidate_paths`] with `explicit` first and the process environment.
+    pub fn search(explicit: Option<&Path>) -> Result<Lib> {
+        Lib::search_with_env(explicit, |name| std::env::var_os(name))
+    }
+
+    /// Searches [`candidate_paths`] with `explicit` first and `env` as the environment.
+    pub fn search_with_env<F>(explicit: Option<&Path>, env: F) -> Result<Lib>
+    where
+        F: Fn(&str) -> Option<OsString>,
+    {
+        Lib::load_first(candidate_paths(explicit, env))
+    }
+
+    /// The process-wide library, searched for once ([`Lib::search`] with no explicit path) and
+    /// kept for the life of the process; a failed search is remembered and returned again.
+    pub fn global() -> Result<&'static Lib> {
+        static GLOBAL: OnceLock<Result<Lib>> = OnceLock::new();
+        GLOBAL
+            .get_or_init(|| Lib::search(None))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{OPTIONAL_SYMBOLS, REQUIRED_ONE_OF, REQUIRED_SYMBOLS};
+    use std::collections::HashMap;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> + use<> {
+        let map: HashMap<String, OsString> = pairs
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), OsString::from(v)))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn strs(paths: &[PathBuf]) -> Vec<String> {
+        paths.iter().map(|p| p.display().to_string()).collect()
+    }
+
+    #[test]
+    fn candidate_order_with_full_env() {
+        let env = env_of(&[
+            ("NPU_ALLOC_ACL_LIB", "/opt/fake/libascendcl.so"),
+            ("ASCEND_HOME_PATH", "/usr/local/Ascend/cann-9.0.0"),
+            ("ASCEND_TOOLKIT_HOME", "/opt/tk"),
+            ("HOME", "/home/u"),
+        ]);
+        let got = strs(&candidate_paths(Some(Path::new("/explicit/lib.so")), env));
+        let arch = std::env::consts::ARCH;
+        let want = vec![
+            "/explicit/lib.so".to_owned(),
+            "/opt/fake/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/cann-9.0.0/lib64/libascendcl.so".to_owned(),
+            "/opt/tk/lib64/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/cann-9.0.0/runtime/lib64/libascendcl.so".to_owned(),
+            "/opt/tk/runtime/lib64/libascendcl.so".to_owned(),
+            format!("/usr/local/Ascend/cann-9.0.0/{arch}-linux/lib64/libascendcl.so"),
+            format!("/opt/tk/{arch}-linux/lib64/libascendcl.so"),
+            "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/ascend-toolkit/latest/acllib/lib64/libascendcl.so".to_owned(),
+            "/home/u/Ascend/ascend-toolkit/latest/lib64/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/nnae/latest/lib64/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/cann/lib64/libascendcl.so".to_owned(),
+            "/usr/local/Ascend/latest/lib64/libascendcl.so".to_owned(),
+            "libascendcl.so".to_owned(),
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn candidate_order_with_empty_env() {
+        let got = strs(&candidate_paths(None, |_| None));
+        assert_eq!(
+            got,
+            vec![
+                "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so",
+                "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64/libascendcl.so",
+                "/usr/local/Ascend/ascend-toolkit/latest/acllib/lib64/libascendcl.so",
+                "/usr/local/Ascend/nnae/latest/lib64/libascendcl.so",
+                "/usr/local/Ascend/cann/lib64/libascendcl.so",
+                "/usr/local/Ascend/latest/lib64/libascendcl.so",
+                "libascendcl.so",
+            ]
+        );
+    }
+
+    #[test]
+    fn candidates_skip_empty_values_and_duplicates() {
+        // set_env.sh sets both homes to the same directory; an empty override is unset.
+        let env = env_of(&[
+            ("NPU_ALLOC_ACL_LIB", ""),
+            (
+                "ASCEND_HOME_PATH",
+                "/usr/local/Ascend/ascend-toolkit/latest",
+            ),
+            (
+                "ASCEND_TOOLKIT_HOME",
+                "/usr/local/Ascend/ascend-toolkit/latest",
+            ),
+            ("HOME", ""),
+        ]);
+        let got = strs(&candidate_paths(None, env));
+        let arch = std::env::consts::ARCH;
+        assert_eq!(
+            got,
+            vec![
+                "/usr/local/Ascend/ascend-toolkit/latest/lib64/libascendcl.so".to_owned(),
+                "/usr/local/Ascend/ascend-toolkit/latest/runtime/lib64/libascendcl.so".to_owned(),
+                format!(
+                    "/usr/local/Ascend/ascend-toolkit/latest/{arch}-linux/lib64/libascendcl.so"
+                ),
+                "/usr/local/Ascend/ascend-toolkit/latest/acllib/lib64/libascendcl.so".to_owned(),
+                "/usr/local/Ascend/nnae/latest/lib64/libascendcl.so".to_owned(),
+                "/usr/local/Ascend/cann/lib64/libascendcl.so".to_owned(),
+                "/usr/local/Ascend/latest/lib64/libascendcl.so".to_owned(),
+                "libascendcl.so".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn env_override_comes_before_homes_but_after_explicit() {
+        let env = env_of(&[("NPU_ALLOC_ACL_LIB", "/e.so"), ("ASCEND_HOME_PATH", "/h")]);
+        let got = candidate_paths(Some(Path::new("/x.so")), &env);
+        assert_eq!(got[0], Path::new("/x.so"));
+        assert_eq!(got[1], Path::new("/e.so"));
+        assert_eq!(got[2], Path::new("/h/lib64/libascendcl.so"));
+        let got = candidate_paths(None, &env);
+        assert_eq!(got[0], Path::new("/e.so"));
+        assert_eq!(got.last().unwrap(), Path::new(LIB_NAME));
+    }
+
+    #[test]
+    fn not_found_lists_every_path_tried() {
+        let dir = std::env::temp_dir().join(format!("acl-sys-nf-{}", std::process::id()));
+        let paths = [
+            PathBuf::from("/nonexistent-acl-sys/a/libascendcl.so"),
+            PathBuf::from("/nonexistent-acl-sys/b/libascendcl.so"),
+            PathBuf::from("libascendcl-acl-sys-test-does-not-exist.so"),
+            dir.clone(),
+        ];
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = Lib::load_first(&paths).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let AclError::NotFound { searched } = &err else {
+            panic!("expected NotFound, got {err:?}");
+        };
+        assert_eq!(searched.len(), 4);
+        for (attempt, path) in searched.iter().zip(&paths[..3]) {
+            assert_eq!(&attempt.path, path);
+            assert!(!attempt.error.is_empty());
+        }
+        // A directory stands for the libascendcl.so inside it.
+        assert_eq!(searched[3].path, dir.join(LIB_NAME));
+        let text = err.to_string();
+        for attempt in searched {
+            assert!(text.contains(&attempt.path.display().to_string()), "{text}");
+            assert!(text.contains(&attempt.error), "{text}");
+        }
+        assert!(text.contains("tried 4 location(s)"), "{text}");
+        assert!(!err.is_out_of_memory());
+    }
+
+    #[test]
+    fn load_missing_file_is_not_found_with_one_attempt() {
+        let err = Lib::load("/nonexistent-acl-sys/libascendcl.so").unwrap_err();
+        match err {
+            AclError::NotFound { searched } => {
+                assert_eq!(searched.len(), 1);
+                assert_eq!(
+                    searched[0].path,
+                    Path::new("/nonexistent-acl-sys/libascendcl.so")
+                );
+                assert!(searched[0].error.contains("libascendcl.so"), "{searched:?}");
+            }
+            other => panic!("expected NotFound, got {other:?}"),
+        }
+    }
+
+    fn all_required_names() -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = REQUIRED_SYMBOLS.to_vec();
+        for group in REQUIRED_ONE_OF {
+            v.extend_from_slice(group);
+        }
+        v
+    }
+
+    #[test]
+    fn library_without_acl_symbols_is_missing_symbols() {
+        for name in ["libc.so.6", "libm.so.6"] {
+            let err = Lib::load(name).unwrap_err();
+            match &err {
+                AclError::MissingSymbols { library, symbols } => {
+                    assert_eq!(library, Path::new(name));
+                    assert_eq!(symbols, &all_required_names());
+                }
+                other => panic!("expected MissingSymbols for {name}, got {other:?}"),
+            }
+            let text = err.to_string();
+            assert!(text.starts_with(name), "{text}");
+            for s in REQUIRED_SYMBOLS {
+                assert!(text.contains(s), "{text}");
+            }
+            assert!(
+                text.contains("aclrtCreateEventWithFlag or aclrtCreateEvent"),
+                "{text}"
+            );
+            // Optional symbols are never reported as missing.
+            for s in OPTIONAL_SYMBOLS {
+                if !REQUIRED_ONE_OF.iter().any(|g| g.contains(s)) {
+                    assert!(!text.contains(s), "{s} in {text}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn search_stops_at_first_library_that_opens() {
+        // The environment override names libm: it opens, so the search ends there with
+        // MissingSymbols rather than falling through to later candidates.
+        let env = env_of(&[("NPU_ALLOC_ACL_LIB", "libm.so.6")]);
+        let err =
+            Lib::search_with_env(Some(Path::new("/nonexistent-acl-sys/x.so")), env).unwrap_err();
+        match err {
+            AclError::MissingSymbols { library, .. } => assert_eq!(library, Path::new("libm.so.6")),
+            other => panic!("expected MissingSymbols, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn explicit_path_wins_over_env() {
+        let env = env_of(&[("NPU_ALLOC_ACL_LIB", "libm.so.6")]);
+        let err = Lib::search_with_env(Some(Path::new("libc.so.6")), env).unwrap_err();
+        match err {
+            AclError::MissingSymbols { library, .. } => assert_eq!(library, Path::new("libc.so.6")),
+            other => panic!("expected MissingSymbols, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn search_without_acl_installed_lists_all_candidates() {
+        // On a machine with a real CANN install the search may succeed; only check the error.
+        let env = env_of(&[("NPU_ALLOC_ACL_LIB", "/nonexistent-acl-sys/override.so")]);
+        let expected = candidate_paths(None, &env);
+        match Lib::search_with_env(None, &env) {
+            Err(AclError::NotFound { searched }) => {
+                let tried: Vec<_> = searched.into_iter().map(|a| a.path).collect();
+                assert_eq!(tried, expected);
+            }
+            Err(AclError::MissingSymbols { .. }) | Ok(_) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+}
