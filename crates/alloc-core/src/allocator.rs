@@ -224,6 +224,9 @@ impl<D: Device> Allocator<D> {
 
     /// torch's `alloc_block`: one new segment from the device; `Ok(None)` is out of memory
     /// (from the device or from the fraction limit, which never calls the device).
+    ///
+    /// Any other device error returns at once, as in CUDA. torch_npu instead runs the rest of the
+    /// retry chain before raising it; we keep the caller's error and the cache untouched.
     fn alloc_block(&mut self, req: &Request, is_retry: bool) -> Result<Option<BlockId>, D::Error> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
@@ -291,6 +294,9 @@ impl<D: Device> Allocator<D> {
 
     /// torch's `recordStream`: the allocation at `addr` is also used on `stream`.
     pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), FreeError<D::Error>> {
+        if addr == 0 {
+            return Ok(());
+        }
         let id = self.live_block(addr)?;
         let block = &mut self.blocks[id];
         if stream != block.stream && !block.stream_uses.contains(&stream) {

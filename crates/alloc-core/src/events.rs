@@ -97,8 +97,9 @@ impl<D: Device> Allocator<D> {
     /// torch's `synchronize_and_free_events`: wait for the device, then every queued event is
     /// complete and every pending block returns to its pool.
     pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), D::Error> {
-        self.device.synchronize()?;
+        // Counted on entry, as torch does, even if the synchronization then fails.
         self.stats.num_sync_all_streams += 1;
+        self.device.synchronize()?;
         let queues = core::mem::take(&mut self.events.queues);
         for (_, queue) in queues {
             for (event, id) in queue {

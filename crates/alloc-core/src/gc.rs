@@ -34,7 +34,9 @@ impl<D: Device> Allocator<D> {
 
     /// Whether garbage collection runs, and its limit.
     pub fn gc_status(&self) -> GcStatus {
-        match (self.conf.garbage_collection_threshold, self.gc_memory()) {
+        // torch requires a threshold > 0; the parser rejects 0, but fields are public.
+        let threshold = self.conf.garbage_collection_threshold.filter(|&t| t > 0.0);
+        match (threshold, self.gc_memory()) {
             (None, _) => GcStatus::Off,
             (Some(_), None) => GcStatus::Unavailable,
             (Some(t), Some(memory)) => GcStatus::On { limit: (t * memory as f64) as u64 },
@@ -43,7 +45,7 @@ impl<D: Device> Allocator<D> {
 
     /// Whether lookups tick the GC clock and misses run GC.
     pub(crate) fn gc_enabled(&self) -> bool {
-        self.conf.garbage_collection_threshold.is_some() && self.gc_memory().is_some()
+        matches!(self.gc_status(), GcStatus::On { .. })
     }
 
     /// torch's `garbage_collect_cached_blocks`.

@@ -55,7 +55,16 @@ impl<D: Device> Allocator<D> {
         };
         let key = req.size.max(max_split);
         let pool = &self.pools[pool_index(req.pool)];
-        if let Some((_, id)) = pool.best_fit(req.stream, key) {
+        // The smallest whole segment on this stream that covers `key`. Oversize blocks are never
+        // split by the default rules, but with `page_size:1g` a split remainder can be ≥
+        // max_split; freeing it would free part of a segment, so such blocks are passed over.
+        let covering = pool
+            .free
+            .range((req.stream, key, 0)..)
+            .take_while(|(k, _)| k.0 == req.stream)
+            .map(|(_, &id)| id)
+            .find(|&id| !self.blocks[id].is_split());
+        if let Some(id) = covering {
             self.release_segments(&[id])?;
             return Ok(true);
         }
@@ -66,8 +75,7 @@ impl<D: Device> Allocator<D> {
             if released >= key || size < max_split || stream != req.stream {
                 break;
             }
-            // Oversize blocks are never split, so each is a whole segment; skip anything else
-            // rather than free part of a segment.
+            // Skip split blocks rather than free part of a segment (see above).
             if !self.blocks[id].is_split() {
                 chosen.push(id);
                 released += size;
