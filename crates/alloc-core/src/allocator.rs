@@ -33,12 +33,20 @@ pub struct DeviceFacts {
 impl DeviceFacts {
     /// torch_npu on today's Ascend parts: a 32-byte pad on every request.
     pub fn npu(index: u32) -> DeviceFacts {
-        DeviceFacts { index, pad: 32, total_memory: None }
+        DeviceFacts {
+            index,
+            pad: 32,
+            total_memory: None,
+        }
     }
 
     /// PyTorch's CUDA allocator: no pad.
     pub fn cuda_parity(index: u32) -> DeviceFacts {
-        DeviceFacts { index, pad: 0, total_memory: None }
+        DeviceFacts {
+            index,
+            pad: 0,
+            total_memory: None,
+        }
     }
 }
 
@@ -115,7 +123,9 @@ pub(crate) fn pool_index(pool: PoolKind) -> usize {
 impl<D: Device> Allocator<D> {
     /// Builds an allocator over `device` with configuration `conf`.
     pub fn new(mut device: D, conf: &AllocConf, facts: DeviceFacts) -> Self {
-        let total_memory = facts.total_memory.or_else(|| device.mem_info().map(|m| m.total));
+        let total_memory = facts
+            .total_memory
+            .or_else(|| device.mem_info().map(|m| m.total));
         let mut conf = conf.clone();
         let mut notices = Vec::new();
         if conf.expandable_segments {
@@ -134,7 +144,10 @@ impl<D: Device> Allocator<D> {
             }
             _ => None,
         };
-        let stats = DeviceStats { max_split_size: conf.max_split_size, ..DeviceStats::default() };
+        let stats = DeviceStats {
+            max_split_size: conf.max_split_size,
+            ..DeviceStats::default()
+        };
         Allocator {
             device,
             conf,
@@ -232,7 +245,10 @@ impl<D: Device> Allocator<D> {
             self.stats.num_alloc_retries += 1;
         }
         let size = req.alloc_size;
-        if self.allowed.is_some_and(|allowed| self.total_allocated + size > allowed) {
+        if self
+            .allowed
+            .is_some_and(|allowed| self.total_allocated + size > allowed)
+        {
             return Ok(None);
         }
         let addr = match self.device.malloc(size) {
@@ -241,7 +257,9 @@ impl<D: Device> Allocator<D> {
             Err(DeviceError::Other(e)) => return Err(e),
         };
         self.total_allocated += size;
-        let id = self.blocks.insert(Block::segment(addr, size, req.stream, req.pool));
+        let id = self
+            .blocks
+            .insert(Block::segment(addr, size, req.stream, req.pool));
         self.segments.insert(addr, id);
         self.stats.segment.increase(req.pool, 1);
         self.stats.reserved_bytes.increase(req.pool, size);
@@ -293,7 +311,11 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `recordStream`: the allocation at `addr` is also used on `stream`.
-    pub fn record_stream(&mut self, addr: u64, stream: StreamId) -> Result<(), FreeError<D::Error>> {
+    pub fn record_stream(
+        &mut self,
+        addr: u64,
+        stream: StreamId,
+    ) -> Result<(), FreeError<D::Error>> {
         if addr == 0 {
             return Ok(());
         }
@@ -315,7 +337,11 @@ impl<D: Device> Allocator<D> {
             .range(..=addr)
             .next_back()
             .is_some_and(|(_, &head)| addr < self.segment_end(head));
-        Err(if inside { FreeError::NotAllocated { addr } } else { FreeError::ForeignPointer { addr } })
+        Err(if inside {
+            FreeError::NotAllocated { addr }
+        } else {
+            FreeError::ForeignPointer { addr }
+        })
     }
 
     /// One past the last byte of the segment whose first block is `head`.

@@ -201,9 +201,19 @@ mod tests {
              reserved in total by PyTorch).If reserved memory is >> allocated memory try setting \
              max_split_size_mb to avoid fragmentation."
         );
-        let limited = OutOfMemory { allowed: Some(32 << 30), ..oom };
-        assert!(limited.to_string().contains("10.00 MiB free; 32.00 GiB allowed; 4.00 GiB reserved"));
+        let limited = OutOfMemory {
+            allowed: Some(32 << 30),
+            ..oom
+        };
+        assert!(
+            limited
+                .to_string()
+                .contains("10.00 MiB free; 32.00 GiB allowed; 4.00 GiB reserved")
+        );
         let e: AllocError<&str> = AllocError::TooLarge { size: 1 << 60 };
-        assert_eq!(e.to_string(), "NPU out of memory. Tried to allocate more than 1EB memory.");
+        assert_eq!(
+            e.to_string(),
+            "NPU out of memory. Tried to allocate more than 1EB memory."
+        );
     }
 }

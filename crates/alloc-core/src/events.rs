@@ -21,7 +21,10 @@ pub(crate) struct EventQueues<E> {
 
 impl<E> Default for EventQueues<E> {
     fn default() -> Self {
-        EventQueues { queues: BTreeMap::new(), pending: 0 }
+        EventQueues {
+            queues: BTreeMap::new(),
+            pending: 0,
+        }
     }
 }
 
@@ -60,7 +63,11 @@ impl<D: Device> Allocator<D> {
             }
         }
         for (stream, event) in recorded {
-            self.events.queues.entry(stream).or_default().push_back((event, id));
+            self.events
+                .queues
+                .entry(stream)
+                .or_default()
+                .push_back((event, id));
             self.blocks[id].event_count += 1;
             self.events.pending += 1;
         }

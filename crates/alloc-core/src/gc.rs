@@ -39,7 +39,9 @@ impl<D: Device> Allocator<D> {
         match (threshold, self.gc_memory()) {
             (None, _) => GcStatus::Off,
             (Some(_), None) => GcStatus::Unavailable,
-            (Some(t), Some(memory)) => GcStatus::On { limit: (t * memory as f64) as u64 },
+            (Some(t), Some(memory)) => GcStatus::On {
+                limit: (t * memory as f64) as u64,
+            },
         }
     }
 

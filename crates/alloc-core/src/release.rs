@@ -49,7 +49,10 @@ impl<D: Device> Allocator<D> {
     /// oversize block that covers the request, or else the largest oversize blocks (on the
     /// request's stream) until their sizes add up to the request. Returns whether enough was freed;
     /// blocks freed on the way stay freed either way.
-    pub(crate) fn release_available_cached_blocks(&mut self, req: &Request) -> Result<bool, D::Error> {
+    pub(crate) fn release_available_cached_blocks(
+        &mut self,
+        req: &Request,
+    ) -> Result<bool, D::Error> {
         let Some(max_split) = self.conf.max_split_size else {
             return Ok(false);
         };

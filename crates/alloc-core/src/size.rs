@@ -109,7 +109,11 @@ mod tests {
         assert_eq!(roundup_power2_next_division(84 * MIB, 4), 96 * MIB);
         assert_eq!(roundup_power2_next_division(84 * MIB, 8), 88 * MIB);
         assert_eq!(roundup_power2_next_division(400 * MIB, 2), 512 * MIB);
-        assert_eq!(roundup_power2_next_division(1024, 4), 1024, "powers of two stay");
+        assert_eq!(
+            roundup_power2_next_division(1024, 4),
+            1024,
+            "powers of two stay"
+        );
         // step == 0: a 3-byte size with 4 divisions rounds to the next power of two.
         assert_eq!(roundup_power2_next_division(3, 4), 4);
     }
@@ -134,7 +138,10 @@ mod tests {
         // 1200 ≤ 512·4, so the 512-multiple path wins over the division.
         assert_eq!(round_size(1200, &conf_with_divisions(4)), 1536);
         // One division means no power-of-two rounding.
-        assert_eq!(round_size(84 * MIB + 1, &conf_with_divisions(1)), 84 * MIB + 512);
+        assert_eq!(
+            round_size(84 * MIB + 1, &conf_with_divisions(1)),
+            84 * MIB + 512
+        );
     }
 
     #[test]
@@ -154,17 +161,33 @@ mod tests {
         let c = AllocConf::default();
         assert_eq!(allocation_size(512, &c), 2 * MIB);
         assert_eq!(allocation_size(MIB, &c), 2 * MIB);
-        assert_eq!(allocation_size(round_size(10 * MIB - 512, &c), &c), 20 * MIB);
-        assert_eq!(allocation_size(round_size(10 * MIB + 512, &c), &c), 12 * MIB);
+        assert_eq!(
+            allocation_size(round_size(10 * MIB - 512, &c), &c),
+            20 * MIB
+        );
+        assert_eq!(
+            allocation_size(round_size(10 * MIB + 512, &c), &c),
+            12 * MIB
+        );
         // 10 485 759 rounds to exactly 10 MiB, which is not < 10 MiB: a 10 MiB segment.
         assert_eq!(round_size(10_485_759, &c), 10 * MIB);
         assert_eq!(allocation_size(round_size(10_485_759, &c), &c), 10 * MIB);
-        let big = AllocConf { large_segment_size: 50 * MIB, ..AllocConf::default() };
+        let big = AllocConf {
+            large_segment_size: 50 * MIB,
+            ..AllocConf::default()
+        };
         assert_eq!(allocation_size(5 * MIB, &big), 50 * MIB);
-        let gib = AllocConf { page_size: Some(1 << 30), ..AllocConf::default() };
+        let gib = AllocConf {
+            page_size: Some(1 << 30),
+            ..AllocConf::default()
+        };
         assert_eq!(allocation_size(5 * MIB, &gib), 1 << 30);
         assert_eq!(allocation_size(1900 * MIB, &gib), 2 << 30);
-        assert_eq!(allocation_size(MIB, &gib), 2 * MIB, "page_size leaves the small pool alone");
+        assert_eq!(
+            allocation_size(MIB, &gib),
+            2 * MIB,
+            "page_size leaves the small pool alone"
+        );
     }
 
     #[test]

@@ -10,7 +10,12 @@ use crate::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
 /// torch's `should_split`: small-pool blocks split when at least 512 bytes remain; large-pool
 /// blocks only for requests below `max_split_size` and when more than 1 MiB remains (smaller
 /// large-pool remainders would only be usable by small requests, which never look there).
-pub fn should_split(pool: PoolKind, block_size: u64, size: u64, max_split_size: Option<u64>) -> bool {
+pub fn should_split(
+    pool: PoolKind,
+    block_size: u64,
+    size: u64,
+    max_split_size: Option<u64>,
+) -> bool {
     let remaining = block_size - size;
     match pool {
         PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
@@ -48,12 +53,16 @@ impl<D: Device> Allocator<D> {
                 self.stats.inactive_split_bytes.decrease(pool, size);
             } else {
                 // A previously whole segment now holds one more inactive split block.
-                self.stats.inactive_split_bytes.increase(pool, remainder_size);
+                self.stats
+                    .inactive_split_bytes
+                    .increase(pool, remainder_size);
                 self.stats.inactive_split.increase(pool, 1);
             }
         } else if already_split {
             // An already-split free block becomes active whole.
-            self.stats.inactive_split_bytes.decrease(pool, self.blocks[id].size);
+            self.stats
+                .inactive_split_bytes
+                .decrease(pool, self.blocks[id].size);
             self.stats.inactive_split.decrease(pool, 1);
         }
         let block = &mut self.blocks[id];
@@ -156,9 +165,27 @@ mod tests {
 
     #[test]
     fn large_pool_needs_more_than_one_mib_and_a_small_enough_request() {
-        assert!(!should_split(PoolKind::Large, 20 * MIB, 19 * MIB, None), "exactly 1 MiB left");
-        assert!(should_split(PoolKind::Large, 20 * MIB, 19 * MIB - 512, None));
-        assert!(!should_split(PoolKind::Large, 100 * MIB, 40 * MIB, Some(40 * MIB)));
-        assert!(should_split(PoolKind::Large, 100 * MIB, 40 * MIB - 512, Some(40 * MIB)));
+        assert!(
+            !should_split(PoolKind::Large, 20 * MIB, 19 * MIB, None),
+            "exactly 1 MiB left"
+        );
+        assert!(should_split(
+            PoolKind::Large,
+            20 * MIB,
+            19 * MIB - 512,
+            None
+        ));
+        assert!(!should_split(
+            PoolKind::Large,
+            100 * MIB,
+            40 * MIB,
+            Some(40 * MIB)
+        ));
+        assert!(should_split(
+            PoolKind::Large,
+            100 * MIB,
+            40 * MIB - 512,
+            Some(40 * MIB)
+        ));
     }
 }

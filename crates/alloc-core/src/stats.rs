@@ -233,7 +233,11 @@ impl DeviceStats {
         let mut out = Vec::with_capacity(9 * 12 + 8 + 6);
         for name in STAT_ARRAY_NAMES {
             let array = self.array(name).expect("every listed name is an array");
-            for (pool, stat) in POOL_NAMES.iter().zip([&array.all, &array.large_pool, &array.small_pool]) {
+            for (pool, stat) in
+                POOL_NAMES
+                    .iter()
+                    .zip([&array.all, &array.large_pool, &array.small_pool])
+            {
                 for f in FIELD_NAMES {
                     out.push((format!("{name}.{pool}.{f}"), field(stat, f)));
                 }
@@ -273,16 +277,35 @@ mod tests {
         s.increase(10);
         s.increase(5);
         s.decrease(12);
-        assert_eq!(s, Stat { current: 3, peak: 15, allocated: 15, freed: 12 });
+        assert_eq!(
+            s,
+            Stat {
+                current: 3,
+                peak: 15,
+                allocated: 15,
+                freed: 12
+            }
+        );
         s.apply(-3);
         s.apply(0);
         s.apply(4);
-        assert_eq!(s, Stat { current: 4, peak: 15, allocated: 19, freed: 15 });
+        assert_eq!(
+            s,
+            Stat {
+                current: 4,
+                peak: 15,
+                allocated: 19,
+                freed: 15
+            }
+        );
     }
 
     #[test]
     fn resets() {
-        let mut d = DeviceStats { max_split_size: Some(64 << 20), ..DeviceStats::default() };
+        let mut d = DeviceStats {
+            max_split_size: Some(64 << 20),
+            ..DeviceStats::default()
+        };
         d.allocated_bytes.increase(PoolKind::Large, 100);
         d.allocated_bytes.decrease(PoolKind::Large, 60);
         d.oversize_segments.increase(1);
@@ -291,8 +314,24 @@ mod tests {
         assert_eq!(d.allocated_bytes.all.peak, 40);
         assert_eq!(d.allocated_bytes.large_pool.peak, 40);
         d.reset_accumulated();
-        assert_eq!(d.allocated_bytes.all, Stat { current: 40, peak: 40, allocated: 0, freed: 0 });
-        assert_eq!(d.oversize_segments, Stat { current: 1, peak: 1, allocated: 0, freed: 0 });
+        assert_eq!(
+            d.allocated_bytes.all,
+            Stat {
+                current: 40,
+                peak: 40,
+                allocated: 0,
+                freed: 0
+            }
+        );
+        assert_eq!(
+            d.oversize_segments,
+            Stat {
+                current: 1,
+                peak: 1,
+                allocated: 0,
+                freed: 0
+            }
+        );
         assert_eq!(d.num_ooms, 0);
         assert_eq!(d.max_split_size, Some(64 << 20));
     }
