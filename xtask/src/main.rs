@@ -31,7 +31,11 @@ fn main() -> ExitCode {
         Err(e) => {
             // Help and version go to stdout with success; malformed command lines exit 2.
             let _ = e.print();
-            return if e.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
         }
     };
     match cli.command {
