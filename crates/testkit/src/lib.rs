@@ -1,1 +1,13 @@
 //! Test and demo support for npu-alloc: a simulated device, the `.trace` parser and the replayer.
+//!
+//! Nothing here is needed by a program at run time; it exists so the policy in `alloc-core` can be
+//! exercised deterministically (see [`SimDevice`]) and so allocation traces can be replayed.
+#![forbid(unsafe_code)]
+
+pub mod fault;
+pub mod sim_device;
+
+pub use fault::{DeviceCall, Fault};
+pub use sim_device::{
+    BASE_ADDRESS, DEFAULT_CAPACITY, SEGMENT_ALIGNMENT, SimDevice, SimError, SimEvent,
+};
