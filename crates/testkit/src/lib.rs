@@ -1,13 +1,18 @@
 //! Test and demo support for npu-alloc: a simulated device, the `.trace` parser and the replayer.
 //!
 //! Nothing here is needed by a program at run time; it exists so the policy in `alloc-core` can be
-//! exercised deterministically (see [`SimDevice`]) and so allocation traces can be replayed.
+//! exercised deterministically (see [`SimDevice`]) and so allocation traces can be parsed (see
+//! [`trace`]) and replayed.
 #![forbid(unsafe_code)]
 
 pub mod fault;
 pub mod sim_device;
+pub mod size;
+pub mod trace;
 
 pub use fault::{DeviceCall, Fault};
 pub use sim_device::{
     BASE_ADDRESS, DEFAULT_CAPACITY, SEGMENT_ALIGNMENT, SimDevice, SimError, SimEvent,
 };
+pub use size::{SizeError, parse_size};
+pub use trace::{IdRef, LoadError, Op, OpKind, Trace, TraceError, TraceErrorKind};
