@@ -1,5 +1,13 @@
-//! The allocator configuration: the typed [`AllocConf`] that `alloc-core` consumes, and (in
-//! `parse`) the grammar of `PYTORCH_NPU_ALLOC_CONF`-style strings with typed warnings.
+//! The allocator configuration: the typed [`AllocConf`] that `alloc-core` consumes, and the grammar
+//! of `PYTORCH_NPU_ALLOC_CONF`-style strings (`shared/spec/alloc-conf.md`).
+//!
+//! - [`parse`] reads a string into a [`Parsed`]: the configuration plus typed [`Warning`]s. Bad
+//!   input never aborts; it is reported and ignored, and the default stays. [`Parsed::strict`]
+//!   (or [`parse_strict`]) turns any warning into a [`StrictError`], torch's behaviour.
+//! - [`from_env`] picks the string: an explicit one, else `MINDTORCH_NPU_ALLOC_CONF`,
+//!   `PYTORCH_NPU_ALLOC_CONF`, `PYTORCH_ALLOC_CONF`, `PYTORCH_CUDA_ALLOC_CONF` through a lookup
+//!   closure, and reports the [`Source`] that won.
+//! - [`AllocConf`]'s `Display` writes the canonical string, which parses back to the same value.
 //!
 //! `no_std` + `alloc`, no I/O and no printing: callers decide how to report warnings.
 #![no_std]
@@ -9,6 +17,18 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+mod canonical;
 mod conf;
+mod constraints;
+mod env;
+mod keys;
+mod lex;
+mod parse;
+mod roundup;
+mod warning;
 
 pub use conf::{AllocConf, Backend, MIB, ROUNDUP_BUCKETS};
+pub use env::{ENV_VARS, Loaded, Source, from_env, select};
+pub use keys::{Key, UNSUPPORTED_KEYS};
+pub use parse::{Parsed, parse, parse_strict};
+pub use warning::{StrictError, Warning, WarningKind};

@@ -1,0 +1,316 @@
+//! Parsing a config string into an [`AllocConf`]: each item is read and applied in order, with a
+//! typed [`Warning`] instead of an abort for anything wrong, then the checks between keys run
+//! (`constraints`).
+
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+
+use crate::conf::{AllocConf, Backend, MIB};
+use crate::constraints;
+use crate::keys::{KEY_COUNT, Key, UNSUPPORTED_KEYS};
+use crate::lex::{self, Item, NumError};
+use crate::roundup;
+use crate::warning::{StrictError, Warning, WarningKind};
+
+/// `page_size:1g`, in bytes.
+const GIB: u64 = 1 << 30;
+
+/// The result of parsing: the configuration, every warning, and which keys the string set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Parsed {
+    /// The configuration: defaults, overridden by every valid item, then by the checks between keys.
+    pub conf: AllocConf,
+    /// Every warning, in the order found (items first, then the checks between keys).
+    pub warnings: Vec<Warning>,
+    given: [bool; KEY_COUNT],
+}
+
+impl Parsed {
+    /// Whether the string set `key` to a valid value (one the checks between keys rejected as
+    /// `invalid_value` does not count).
+    pub fn given(&self, key: Key) -> bool {
+        self.given[key.index()]
+    }
+
+    /// Strict mode: the configuration if there was no warning, else every warning as an error.
+    pub fn strict(self) -> Result<AllocConf, StrictError> {
+        if self.warnings.is_empty() {
+            Ok(self.conf)
+        } else {
+            Err(StrictError {
+                warnings: self.warnings,
+            })
+        }
+    }
+}
+
+/// Parses a config string (`key:value` or `key=value` items, comma-separated). Never fails and
+/// never panics: problems become warnings and leave the defaults in place.
+pub fn parse(s: &str) -> Parsed {
+    let mut st = State {
+        conf: AllocConf::default(),
+        given: [false; KEY_COUNT],
+        seen: [false; KEY_COUNT],
+        warnings: Vec::new(),
+    };
+    for item in lex::items(s) {
+        st.item(item);
+    }
+    constraints::check(&mut st);
+    Parsed {
+        conf: st.conf,
+        warnings: st.warnings,
+        given: st.given,
+    }
+}
+
+/// Parses in strict mode: [`parse`] followed by [`Parsed::strict`].
+pub fn parse_strict(s: &str) -> Result<AllocConf, StrictError> {
+    parse(s).strict()
+}
+
+/// The parser's working state, shared with the checks between keys.
+pub(crate) struct State {
+    /// The configuration being built.
+    pub(crate) conf: AllocConf,
+    /// Keys set to a valid value.
+    pub(crate) given: [bool; KEY_COUNT],
+    /// Keys that appeared in an item (for `duplicate_key`).
+    seen: [bool; KEY_COUNT],
+    /// Warnings so far.
+    pub(crate) warnings: Vec<Warning>,
+}
+
+impl State {
+    /// Records a warning.
+    pub(crate) fn warn(&mut self, kind: WarningKind, key: &str, message: String) {
+        self.warnings.push(Warning {
+            kind,
+            key: key.to_string(),
+            message,
+        });
+    }
+
+    /// Reads and applies one item.
+    fn item(&mut self, item: Item<'_>) {
+        let (key, value) = match item {
+            Item::Pair { key, value } => (key, value),
+            Item::Bare(word) => {
+                self.note_seen(word);
+                self.warn(
+                    WarningKind::MissingValue,
+                    word,
+                    format!("Error, expecting a value for {word} (write {word}:<value>)"),
+                );
+                return;
+            }
+        };
+        self.note_seen(key);
+        if value.is_empty() {
+            self.warn(
+                WarningKind::MissingValue,
+                key,
+                format!("Error, expecting {key} value"),
+            );
+            return;
+        }
+        let Some(k) = Key::from_name(key) else {
+            if UNSUPPORTED_KEYS.contains(&key) {
+                self.warn(
+                    WarningKind::UnsupportedKey,
+                    key,
+                    format!("Allocator option {key} is not supported by npu-alloc; ignored"),
+                );
+            } else {
+                self.warn(
+                    WarningKind::UnknownKey,
+                    key,
+                    format!("Unrecognized CachingAllocator option: {key}"),
+                );
+            }
+            return;
+        };
+        match self.value(k, key, value) {
+            Ok(()) => self.given[k.index()] = true,
+            Err((kind, message)) => self.warn(kind, key, message),
+        }
+    }
+
+    /// Flags a supported key that already appeared in an earlier item.
+    fn note_seen(&mut self, name: &str) {
+        if let Some(k) = Key::from_name(name) {
+            if self.seen[k.index()] {
+                self.warn(
+                    WarningKind::DuplicateKey,
+                    name,
+                    format!("{name} is given more than once; the later valid value wins"),
+                );
+            }
+            self.seen[k.index()] = true;
+        }
+    }
+
+    /// Reads `value` for `k` (written `name`) and stores it in the configuration.
+    fn value(&mut self, k: Key, name: &str, value: &str) -> Result<(), (WarningKind, String)> {
+        let c = &mut self.conf;
+        match k {
+            Key::MaxSplitSizeMb => {
+                let mb = int(name, value)?;
+                if mb <= 20 {
+                    return Err(invalid(format!(
+                        "CachingAllocator option max_split_size_mb too small, must be > 20, got {mb}"
+                    )));
+                }
+                c.max_split_size = Some(mib(name, mb)?);
+            }
+            Key::MaxNonSplitRoundingMb => c.max_non_split_rounding = mib(name, int(name, value)?)?,
+            Key::LargeSegmentSizeMb => {
+                let mb = int(name, value)?;
+                if mb <= 10 {
+                    return Err(invalid(format!(
+                        "CachingAllocator option large_segment_size_mb must be > 10 MB, got {mb}"
+                    )));
+                }
+                c.large_segment_size = mib(name, mb)?;
+            }
+            Key::GarbageCollectionThreshold => {
+                let v = float(name, value)?;
+                if !(v > 0.0 && v < 1.0) {
+                    return Err(invalid(format!(
+                        "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got {value}"
+                    )));
+                }
+                c.garbage_collection_threshold = Some(v);
+            }
+            Key::ExpandableSegments => c.expandable_segments = boolean(name, value)?,
+            Key::BaseAddrAlignedKb => {
+                let kb = int(name, value)
+                    .ok()
+                    .filter(|&kb| kb <= 16)
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "CachingAllocator option base_addr_aligned_kb error, must be [0~16], \
+                         dtype is int, got '{value}'"
+                        ))
+                    })?;
+                c.base_addr_aligned = if kb == 0 { 512 } else { kb * 1024 };
+            }
+            Key::PageSize => {
+                if !matches!(value, "1g" | "1G" | "1gb" | "1GB") {
+                    return Err(invalid(format!(
+                        "Unsupported page_size value: {value} (only 1g is supported)"
+                    )));
+                }
+                c.page_size = Some(GIB);
+            }
+            Key::SegmentSizeMb => {
+                let mb = int(name, value).ok().filter(|mb| (20..=512).contains(mb));
+                let mb = mb.ok_or_else(|| {
+                    invalid(format!(
+                        "CachingAllocator option segment_size_mb error, must be [20, 512], \
+                         dtype is int, got '{value}'"
+                    ))
+                })?;
+                c.segment_size = mb * MIB;
+            }
+            Key::RoundupPower2Divisions => {
+                c.roundup_power2_divisions = roundup::parse(value).map_err(invalid)?;
+            }
+            Key::PerProcessMemoryFraction => {
+                let v = float(name, value)?;
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(invalid(format!(
+                        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got {value}"
+                    )));
+                }
+                c.per_process_memory_fraction = v;
+            }
+            Key::ReleaseLockOnNpumalloc => c.release_lock_on_npumalloc = boolean(name, value)?,
+            Key::PinnedUseBackgroundThreads => {
+                c.pinned_use_background_threads = boolean(name, value)?;
+            }
+            Key::PinMemoryExpandableSegments => {
+                c.pin_memory_expandable_segments = boolean(name, value)?;
+            }
+            Key::PinnedMemRegister => c.pinned_mem_register = boolean(name, value)?,
+            Key::PinnedNumRegisterThreads => {
+                let n = int(name, value)?;
+                if !n.is_power_of_two() {
+                    return Err(invalid(format!(
+                        "Number of register threads has to be power of 2, got {n}"
+                    )));
+                }
+                if n > 128 {
+                    return Err(invalid(format!(
+                        "Number of register threads should be less than or equal to 128, got {n}"
+                    )));
+                }
+                c.pinned_num_register_threads = n as u32;
+            }
+            Key::Backend => {
+                if value != "native" {
+                    return Err((
+                        WarningKind::UnsupportedValue,
+                        format!(
+                            "Unknown allocator backend {value}, the only option here is native"
+                        ),
+                    ));
+                }
+                c.backend = Backend::Native;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An `invalid_value` warning's kind and message.
+fn invalid(message: String) -> (WarningKind, String) {
+    (WarningKind::InvalidValue, message)
+}
+
+/// A decimal integer value of key `name`.
+fn int(name: &str, value: &str) -> Result<u64, (WarningKind, String)> {
+    lex::integer(value).map_err(|e| {
+        invalid(match e {
+            NumError::Syntax => format!(
+                "CachingAllocator option {name} is invalid: expected a decimal integer, got '{value}'"
+            ),
+            NumError::Overflow => {
+                format!("CachingAllocator option {name} is invalid: {value} is too large")
+            }
+        })
+    })
+}
+
+/// `mb` MiB in bytes, an `invalid_value` if that does not fit in 64 bits.
+fn mib(name: &str, mb: u64) -> Result<u64, (WarningKind, String)> {
+    mb.checked_mul(MIB).ok_or_else(|| {
+        invalid(format!(
+            "CachingAllocator option {name} is invalid: {mb} MiB does not fit in 64 bits"
+        ))
+    })
+}
+
+/// A plain decimal float value of key `name`.
+fn float(name: &str, value: &str) -> Result<f64, (WarningKind, String)> {
+    lex::float(value).map_err(|e| {
+        invalid(match e {
+            NumError::Syntax => format!(
+                "CachingAllocator option {name} is invalid: expected a decimal number, got '{value}'"
+            ),
+            NumError::Overflow => {
+                format!("CachingAllocator option {name} is invalid: {value} is out of range")
+            }
+        })
+    })
+}
+
+/// A boolean value of key `name`.
+fn boolean(name: &str, value: &str) -> Result<bool, (WarningKind, String)> {
+    lex::boolean(value).ok_or_else(|| {
+        invalid(format!(
+            "Expected a single True/False argument for {name}, got '{value}'"
+        ))
+    })
+}
