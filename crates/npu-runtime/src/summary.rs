@@ -1,0 +1,176 @@
+//! `memory_summary()`: torch's readable table of one device's stats, with torch_npu's names
+//! (NPU OOMs, npuMalloc retries, NPU reserved memory).
+
+use core::fmt::Write;
+
+use alloc_core::{DeviceStats, Stat, StatArray};
+
+/// Width of a line between the outer `|`s.
+const WIDTH: usize = 75;
+
+/// A cell formatter: a value and the row's reference value (its `all` row) choose the unit.
+type Formatter = fn(i64, i64) -> String;
+
+/// torch's `_format_size`: bytes, scaled while the reference is ≥ 768 of a unit.
+fn format_size(mut size: i64, reference: i64) -> String {
+    const PREFIXES: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut prefix = PREFIXES[0];
+    let mut reference = reference as f64;
+    for p in &PREFIXES[1..] {
+        if reference < 768.0 * 1024.0 {
+            break;
+        }
+        prefix = p;
+        size /= 1024;
+        reference /= 1024.0;
+    }
+    format!("{size:6} {prefix}")
+}
+
+/// torch's `_format_count`: counts, scaled by 1000 while the reference is ≥ 750 000.
+fn format_count(mut count: i64, reference: i64) -> String {
+    const PREFIXES: [&str; 3] = [" ", "K", "M"];
+    let mut prefix = PREFIXES[0];
+    let mut reference = reference as f64;
+    for p in &PREFIXES[1..] {
+        if reference < 750.0 * 1000.0 {
+            break;
+        }
+        prefix = p;
+        count /= 1000;
+        reference /= 1000.0;
+    }
+    format!("{count:7} {prefix} ")
+}
+
+/// One table row: name, then current, peak, allocated and freed, each scaled by `reference`.
+fn row(out: &mut Vec<String>, name: &str, stat: &Stat, reference: &Stat, format: Formatter) {
+    out.push(format!(
+        " {name:<21} | {} | {} | {} | {} ",
+        format(stat.current, reference.current),
+        format(stat.peak, reference.peak),
+        format(stat.allocated, reference.allocated),
+        format(stat.freed, reference.freed),
+    ));
+}
+
+/// torch's `memory_summary(device, abbreviated)` text for `stats`: a 77-column table, each
+/// line ending in a newline.
+pub fn memory_summary(device: u32, stats: &DeviceStats, abbreviated: bool) -> String {
+    let arrays: [(&StatArray, &str, Formatter); 9] = [
+        (&stats.allocated_bytes, "Allocated memory", format_size),
+        (&stats.active_bytes, "Active memory", format_size),
+        (&stats.requested_bytes, "Requested memory", format_size),
+        (&stats.reserved_bytes, "NPU reserved memory", format_size),
+        (
+            &stats.inactive_split_bytes,
+            "Non-releasable memory",
+            format_size,
+        ),
+        (&stats.allocation, "Allocations", format_count),
+        (&stats.active, "Active allocs", format_count),
+        (&stats.segment, "NPU reserved segments", format_count),
+        (&stats.inactive_split, "Non-releasable allocs", format_count),
+    ];
+    let mut lines = vec![
+        "=".repeat(WIDTH),
+        format!(
+            " {:16} PyTorch NPU memory summary, device ID {device:<18} ",
+            ""
+        ),
+        "-".repeat(WIDTH),
+        format!(
+            "  {:10} NPU OOMs: {:<12} | {:7} npuMalloc retries: {:<8}  ",
+            "", stats.num_ooms, "", stats.num_alloc_retries
+        ),
+        "=".repeat(WIDTH),
+        "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_owned(),
+    ];
+    for (array, name, format) in arrays {
+        lines.push("-".repeat(WIDTH));
+        row(&mut lines, name, &array.all, &array.all, format);
+        if !abbreviated {
+            row(
+                &mut lines,
+                "      from large pool",
+                &array.large_pool,
+                &array.all,
+                format,
+            );
+            row(
+                &mut lines,
+                "      from small pool",
+                &array.small_pool,
+                &array.all,
+                format,
+            );
+        }
+    }
+    lines.push("-".repeat(WIDTH));
+    for (stat, name) in [
+        (&stats.oversize_allocations, "Oversize allocations"),
+        (&stats.oversize_segments, "Oversize NPU segments"),
+    ] {
+        row(&mut lines, name, stat, stat, format_count);
+    }
+    lines.push("=".repeat(WIDTH));
+    let mut out = String::new();
+    for line in lines {
+        let _ = writeln!(out, "|{line}|");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc_core::PoolKind;
+
+    #[test]
+    fn units_follow_torch() {
+        assert_eq!(format_size(0, 0), "     0 B  ");
+        assert_eq!(format_size(1024, 1024), "  1024 B  ");
+        assert_eq!(format_size(786_432, 786_432), "   768 KiB");
+        assert_eq!(format_size(20 << 20, 20 << 20), " 20480 KiB");
+        assert_eq!(format_size(1 << 30, 1 << 30), "  1024 MiB");
+        // A pool row is scaled by its `all` row.
+        assert_eq!(format_size(1024, 1 << 30), "     0 MiB");
+        assert_eq!(format_count(3, 3), "      3   ");
+        assert_eq!(format_count(750_000, 750_000), "    750 K ");
+    }
+
+    #[test]
+    fn table_shape_and_values() {
+        let mut stats = DeviceStats::default();
+        stats.allocated_bytes.increase(PoolKind::Small, 1024);
+        stats.reserved_bytes.increase(PoolKind::Small, 2 << 20);
+        stats.allocation.increase(PoolKind::Small, 1);
+        stats.num_ooms = 2;
+        let text = memory_summary(3, &stats, false);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines.iter().all(|l| l.chars().count() == WIDTH + 2),
+            "{text}"
+        );
+        assert_eq!(lines.len(), 6 + 9 * 4 + 1 + 2 + 1);
+        assert!(lines[1].contains("PyTorch NPU memory summary, device ID 3 "));
+        assert!(lines[3].contains("NPU OOMs: 2 "));
+        assert!(lines[3].contains("npuMalloc retries: 0 "));
+        assert_eq!(
+            lines[7],
+            "| Allocated memory      |   1024 B   |   1024 B   |   1024 B   |      0 B   |"
+        );
+        assert_eq!(
+            lines[9],
+            "|       from small pool |   1024 B   |   1024 B   |   1024 B   |      0 B   |"
+        );
+        assert!(
+            text.contains(
+                "| NPU reserved memory   |   2048 KiB |   2048 KiB |   2048 KiB |      0 B   |"
+            ),
+            "{text}"
+        );
+        let short = memory_summary(0, &stats, true);
+        assert_eq!(short.lines().count(), 6 + 9 * 2 + 1 + 2 + 1);
+    }
+}

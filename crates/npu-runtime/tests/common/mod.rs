@@ -1,0 +1,206 @@
+//! The fake `libascendcl` (crate `fake-ascendcl`) for end-to-end tests: built once per test
+//! process with a nested `cargo build` into its own target directory, then copied to a fresh
+//! directory per test, so each test loads its own instance (the dynamic loader keys loaded
+//! libraries by file, and each copy has its own statics) and tests can run in parallel.
+
+#![allow(dead_code)]
+
+use std::ffi::{CString, c_char};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libloading::Library;
+
+/// Which build of the fake.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Variant {
+    /// Every symbol the runtime uses.
+    Full,
+    /// Without `aclrtMallocAlign32` and `aclrtQueryEventStatus` (feature `legacy-cann`).
+    Legacy,
+}
+
+/// The target directory this test binary was built into (`<target>/<profile>/deps/<exe>`).
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.ancestors()
+        .nth(3)
+        .expect("test executable lies in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Builds the fake (once per process and variant) and returns the built file.
+pub fn built(variant: Variant) -> &'static Path {
+    static FULL: OnceLock<PathBuf> = OnceLock::new();
+    static LEGACY: OnceLock<PathBuf> = OnceLock::new();
+    let cell = match variant {
+        Variant::Full => &FULL,
+        Variant::Legacy => &LEGACY,
+    };
+    cell.get_or_init(|| {
+        let name = match variant {
+            Variant::Full => "full",
+            Variant::Legacy => "legacy",
+        };
+        // Its own target directory: no wait on the lock of the `cargo test` that runs us.
+        let dir = target_dir().join("fake-ascendcl").join(name);
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(&workspace)
+            .args(["build", "--quiet", "-p", "fake-ascendcl", "--target-dir"])
+            .arg(&dir);
+        if variant == Variant::Legacy {
+            cmd.args(["--features", "legacy-cann"]);
+        }
+        let status = cmd.status().expect("run cargo build -p fake-ascendcl");
+        assert!(
+            status.success(),
+            "cargo build -p fake-ascendcl failed: {status}"
+        );
+        dir.join("debug").join("libascendcl.so")
+    })
+}
+
+/// A fresh directory holding a copy of the fake as `libascendcl.so`.
+pub fn fresh_copy(variant: Variant) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("npu-runtime-e2e-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("create the copy's directory");
+    std::fs::copy(built(variant), dir.join("libascendcl.so")).expect("copy the fake");
+    dir
+}
+
+/// One loaded instance of the fake, with its test controls.
+pub struct FakeAcl {
+    dir: PathBuf,
+    lib: Library,
+}
+
+impl FakeAcl {
+    /// A fresh instance: `devices` devices of `capacity` bytes.
+    pub fn new(variant: Variant, capacity: u64, devices: u32) -> FakeAcl {
+        let dir = fresh_copy(variant);
+        // SAFETY: the file is the fake libascendcl just built from this workspace; its
+        // initialisers are Rust's std ones.
+        let lib = unsafe { Library::new(dir.join("libascendcl.so")) }.expect("load the fake");
+        let fake = FakeAcl { dir, lib };
+        // SAFETY: `fake_acl_reset(u64, u32)` is the fake's signature.
+        unsafe { fake.sym::<unsafe extern "C" fn(u64, u32)>("fake_acl_reset")(capacity, devices) };
+        fake
+    }
+
+    /// A symbol of the fake, copied out (valid while `self` lives).
+    ///
+    /// # Safety
+    /// `T` must be the symbol's exact function pointer type.
+    unsafe fn sym<T: Copy>(&self, name: &str) -> T {
+        // SAFETY: forwarded from the caller.
+        *unsafe { self.lib.get::<T>(name.as_bytes()) }.expect("fake control symbol")
+    }
+
+    /// The library file.
+    pub fn path(&self) -> PathBuf {
+        self.dir.join("libascendcl.so")
+    }
+
+    /// The directory holding the library file.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Calls of the ACL function `name` since the reset.
+    pub fn calls(&self, name: &str) -> u64 {
+        let name = CString::new(name).unwrap();
+        // SAFETY: the fake's signature; `name` is NUL-terminated and outlives the call.
+        unsafe {
+            self.sym::<unsafe extern "C" fn(*const c_char) -> u64>("fake_acl_calls")(name.as_ptr())
+        }
+    }
+
+    /// Makes the next `count` calls of `name` fail with `code`.
+    pub fn fail_next(&self, name: &str, code: i32, count: u32) {
+        let name = CString::new(name).unwrap();
+        // SAFETY: the fake's signature; `name` is NUL-terminated and outlives the call.
+        unsafe {
+            self.sym::<unsafe extern "C" fn(*const c_char, i32, u32)>("fake_acl_fail_next")(
+                name.as_ptr(),
+                code,
+                count,
+            )
+        }
+    }
+
+    fn unit(&self, name: &str) {
+        // SAFETY: the fake's `void f(void)` controls.
+        unsafe { self.sym::<unsafe extern "C" fn()>(name)() }
+    }
+
+    fn count(&self, name: &str) -> u64 {
+        // SAFETY: the fake's `uint64_t f(void)` controls.
+        unsafe { self.sym::<unsafe extern "C" fn() -> u64>(name)() }
+    }
+
+    fn per_device(&self, name: &str, device: u32) -> u64 {
+        // SAFETY: the fake's `uint64_t f(uint32_t)` controls.
+        unsafe { self.sym::<unsafe extern "C" fn(u32) -> u64>(name)(device) }
+    }
+
+    /// Completes every recorded event.
+    pub fn complete_all_events(&self) {
+        self.unit("fake_acl_complete_all_events");
+    }
+
+    /// Events recorded and not complete.
+    pub fn pending_events(&self) -> u64 {
+        self.count("fake_acl_pending_events")
+    }
+
+    /// Events created and not destroyed.
+    pub fn live_events(&self) -> u64 {
+        self.count("fake_acl_live_events")
+    }
+
+    /// Bytes charged on `device`.
+    pub fn used(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_used", device)
+    }
+
+    /// Live device allocations on `device`.
+    pub fn live_allocations(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_live_allocations", device)
+    }
+
+    /// The ACL calls since the last [`FakeAcl::clear_log`].
+    pub fn log(&self) -> Vec<String> {
+        // SAFETY: the fake's signature; a null buffer only asks for the length.
+        let f = unsafe {
+            self.sym::<unsafe extern "C" fn(*mut u8, usize) -> usize>("fake_acl_call_log")
+        };
+        // SAFETY: as above.
+        let len = unsafe { f(std::ptr::null_mut(), 0) };
+        let mut buf = vec![0u8; len];
+        // SAFETY: `buf` is writable for `len` bytes.
+        unsafe { f(buf.as_mut_ptr(), len) };
+        let text = String::from_utf8(buf).unwrap();
+        text.split(',')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Empties the call log.
+    pub fn clear_log(&self) {
+        self.unit("fake_acl_clear_log");
+    }
+}
+
+impl Drop for FakeAcl {
+    fn drop(&mut self) {
+        // The mapping outlives the file; only the copy on disk goes.
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,437 @@
+//! End-to-end: the runtime over the fake `libascendcl` loaded through `acl-sys`'s real loading
+//! path, with exact call counts and stats.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::sync::{Arc, Mutex, Weak};
+
+use common::{FakeAcl, Variant};
+use npu_runtime::{AclError, Config, GcStatus, NpuAllocator, RuntimeError, Stream};
+
+const MIB: u64 = 1 << 20;
+
+fn runtime(fake: &FakeAcl, config: Config) -> NpuAllocator {
+    NpuAllocator::with_library(fake.path(), config).expect("load the fake through acl-sys")
+}
+
+fn stat(rt: &NpuAllocator, key: &str) -> i64 {
+    rt.memory_stats(0)
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .unwrap_or_else(|| panic!("no stat {key}"))
+        .1
+}
+
+#[test]
+fn cache_hit_calls_no_device_malloc() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    assert_eq!(fake.calls("aclInit"), 1);
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(a, 0x1000_0000_0000);
+    assert_eq!(fake.calls("aclrtMallocAlign32"), 1);
+    assert_eq!(fake.calls("aclrtMalloc"), 0);
+    // One 2 MiB small-pool segment, Align32 adds nothing; 1000 + 32 rounds to 1536.
+    assert_eq!(fake.used(0), 2 * MIB);
+    assert_eq!(rt.memory_allocated(0).unwrap(), 1536);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 2 * MIB);
+    rt.free(a).unwrap();
+    fake.clear_log();
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(b, a);
+    assert!(
+        fake.log().is_empty(),
+        "a cache hit calls nothing: {:?}",
+        fake.log()
+    );
+    assert_eq!(fake.calls("aclrtMallocAlign32"), 1);
+    assert_eq!(fake.calls("aclrtSetDevice"), 1);
+    assert_eq!(stat(&rt, "num_device_alloc"), 1);
+    assert_eq!(stat(&rt, "allocation.all.allocated"), 2);
+    assert_eq!(stat(&rt, "allocated_bytes.all.peak"), 1536);
+    assert_eq!(rt.memory_stats(0).unwrap().len(), 122);
+    rt.free(b).unwrap();
+    assert_eq!(rt.memory_allocated(0).unwrap(), 0);
+    assert_eq!(rt.max_memory_allocated(0).unwrap(), 1536);
+    rt.reset_peak_memory_stats(0).unwrap();
+    assert_eq!(rt.max_memory_allocated(0).unwrap(), 0);
+    assert_eq!(rt.max_memory_reserved(0).unwrap(), 2 * MIB);
+    rt.reset_accumulated_memory_stats(0).unwrap();
+    assert_eq!(stat(&rt, "num_device_alloc"), 0);
+    assert_eq!(stat(&rt, "allocation.all.allocated"), 0);
+}
+
+/// 30 MiB then 40 MiB then 60 MiB on a 50 MiB device: the second needs the cached 32 MiB
+/// segment freed (one retry), the third fails after the whole chain.
+fn oom_retry_chain(release_lock: bool) {
+    let fake = FakeAcl::new(Variant::Full, 50 * MIB, 1);
+    let mut config = Config::default();
+    config.alloc.release_lock_on_npumalloc = release_lock;
+    let rt = Arc::new(runtime(&fake, config));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    {
+        let seen = seen.clone();
+        let weak: Weak<NpuAllocator> = Arc::downgrade(&rt);
+        rt.attach_out_of_memory_observer(move |oom| {
+            // Runs without the allocator's lock: allocating again must not deadlock.
+            let rt = weak.upgrade().expect("runtime alive");
+            let p = rt.malloc(512, 0, Stream::DEFAULT);
+            seen.lock().unwrap().push((oom.alloc_size, p.is_ok()));
+            if let Ok(p) = p {
+                rt.free(p).unwrap();
+            }
+        });
+    }
+
+    let a = rt.malloc(30 * MIB, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(rt.memory_reserved(0).unwrap(), 32 * MIB);
+    rt.free(a).unwrap();
+
+    let b = rt.malloc(40 * MIB, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(fake.calls("aclrtMallocAlign32"), 3);
+    assert_eq!(fake.calls("aclrtSynchronizeDevice"), 1);
+    assert_eq!(fake.calls("aclrtFree"), 1);
+    assert_eq!(stat(&rt, "num_alloc_retries"), 1);
+    assert_eq!(stat(&rt, "num_ooms"), 0);
+    assert_eq!(stat(&rt, "num_sync_all_streams"), 1);
+    assert_eq!(stat(&rt, "num_device_alloc"), 2);
+    assert_eq!(stat(&rt, "num_device_free"), 1);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 42 * MIB);
+
+    fake.clear_log();
+    let err = rt.malloc(60 * MIB, 0, Stream::DEFAULT).unwrap_err();
+    assert_eq!(
+        fake.log(),
+        [
+            "aclrtMallocAlign32",
+            "aclrtSynchronizeDevice",
+            "aclrtMallocAlign32",
+            "aclrtGetMemInfo",
+            // The observer's 512-byte malloc: a new 2 MiB small segment (fits in 8 MiB).
+            "aclrtMallocAlign32",
+        ]
+    );
+    assert!(err.is_out_of_memory());
+    assert_eq!(
+        err.to_string(),
+        "NPU out of memory. Tried to allocate 62.00 MiB (NPU 0; 50.00 MiB total capacity; \
+         40.00 MiB already allocated; 40.00 MiB current active; 8.00 MiB free; 42.00 MiB \
+         reserved in total by PyTorch).If reserved memory is >> allocated memory try setting \
+         max_split_size_mb to avoid fragmentation."
+    );
+    assert_eq!(stat(&rt, "num_ooms"), 1);
+    assert_eq!(stat(&rt, "num_alloc_retries"), 2);
+    assert_eq!(stat(&rt, "num_sync_all_streams"), 2);
+    assert_eq!(*seen.lock().unwrap(), [(62 * MIB, true)]);
+    rt.free(b).unwrap();
+}
+
+#[test]
+fn oom_takes_torchs_retry_chain() {
+    oom_retry_chain(false);
+}
+
+#[test]
+fn oom_retry_chain_is_the_same_with_release_lock_on_npumalloc() {
+    oom_retry_chain(true);
+}
+
+#[test]
+fn empty_cache_synchronizes_then_frees_each_segment() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    let ptrs: Vec<u64> = [1000, 12 * MIB, 30 * MIB]
+        .iter()
+        .map(|&n| rt.malloc(n, 0, Stream::DEFAULT).unwrap())
+        .collect();
+    for p in ptrs {
+        rt.free(p).unwrap();
+    }
+    assert_eq!(fake.live_allocations(0), 3);
+    assert_eq!(rt.memory_reserved(0).unwrap(), (2 + 14 + 32) * MIB);
+    fake.clear_log();
+    rt.empty_cache().unwrap();
+    assert_eq!(
+        fake.log(),
+        [
+            "aclrtSynchronizeDevice",
+            "aclrtFree",
+            "aclrtFree",
+            "aclrtFree"
+        ]
+    );
+    assert_eq!(fake.live_allocations(0), 0);
+    assert_eq!(fake.used(0), 0);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    assert_eq!(stat(&rt, "num_device_free"), 3);
+    assert_eq!(stat(&rt, "num_sync_all_streams"), 1);
+}
+
+/// A block used on a second stream is reused only after its event completes; the event comes
+/// back to the pool. `query` is the symbol the runtime must poll with.
+fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str) {
+    let fake = FakeAcl::new(variant, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    let lib = rt.backend().lib();
+    lib.set_device(0).unwrap();
+    let side = lib.create_stream().unwrap();
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.record_stream(a, side).unwrap();
+    rt.free(a).unwrap();
+    assert_eq!(fake.calls("aclrtCreateEventWithFlag"), 1);
+    assert_eq!(fake.calls("aclrtRecordEvent"), 1);
+    assert_eq!(fake.pending_events(), 1);
+    assert_eq!(stat(&rt, "active_bytes.all.current"), 1536);
+
+    // Pending: the next block comes from the rest of the segment.
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(b, a + 1536);
+    assert_eq!(fake.calls(query), 1);
+
+    fake.complete_all_events();
+    rt.free(b).unwrap();
+    let c = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(c, a);
+    assert_eq!(fake.calls(query), 2);
+    assert_eq!(fake.calls(malloc), 1);
+
+    // The completed event is reused, not created again.
+    rt.record_stream(c, side).unwrap();
+    rt.free(c).unwrap();
+    assert_eq!(fake.calls("aclrtCreateEventWithFlag"), 1);
+    assert_eq!(fake.calls("aclrtRecordEvent"), 2);
+    assert_eq!(fake.live_events(), 1);
+    drop(rt);
+    // Dropping the runtime empties the cache and destroys the pooled event.
+    assert_eq!(fake.live_events(), 0);
+    assert_eq!(fake.live_allocations(0), 0);
+}
+
+#[test]
+fn record_stream_polls_query_event_status() {
+    record_stream_waits_for_the_event(Variant::Full, "aclrtQueryEventStatus", "aclrtMallocAlign32");
+}
+
+#[test]
+fn missing_optional_symbols_fall_back() {
+    let fake = FakeAcl::new(Variant::Legacy, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    assert!(!rt.backend().lib().has_malloc_align32());
+    assert!(!rt.backend().uses_align32());
+    assert!(!rt.backend().lib().has_symbol("aclrtQueryEventStatus"));
+    rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    // aclrtMalloc pads by 32 bytes itself.
+    assert_eq!(fake.used(0), 2 * MIB + 32);
+    drop(rt);
+    record_stream_waits_for_the_event(Variant::Legacy, "aclrtQueryEvent", "aclrtMalloc");
+}
+
+#[test]
+fn missing_library_is_a_typed_error_listing_the_path() {
+    let path = "/nonexistent-npu-runtime/libascendcl.so";
+    match NpuAllocator::with_library(path, Config::default()) {
+        Err(AclError::NotFound { searched }) => {
+            assert_eq!(searched.len(), 1);
+            assert_eq!(searched[0].path, std::path::Path::new(path));
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+}
+
+#[test]
+fn non_oom_errors_carry_the_acl_code_and_leave_state_consistent() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    fake.fail_next("aclrtMallocAlign32", 507_899, 1);
+    let err = rt.malloc(1000, 0, Stream::DEFAULT).unwrap_err();
+    assert_eq!(err.acl_code(), Some(507_899));
+    assert!(!err.is_out_of_memory());
+    assert_eq!(
+        err.to_string(),
+        "NPU error: aclrtMallocAlign32 failed with ACL error 507899 \
+         (ACL_ERROR_RT_DRV_INTERNAL_ERROR): fake_acl: injected error 507899 in aclrtMallocAlign32"
+    );
+    assert_eq!(stat(&rt, "num_device_alloc"), 0);
+    assert_eq!(stat(&rt, "num_ooms"), 0);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.free(a).unwrap();
+    fake.fail_next("aclrtFree", 107_000, 1);
+    let err = rt.empty_cache().unwrap_err();
+    assert_eq!(err.acl_code(), Some(107_000));
+    assert_eq!(rt.memory_reserved(0).unwrap(), 2 * MIB);
+    assert_eq!(fake.live_allocations(0), 1);
+
+    fake.fail_next("aclrtSynchronizeDevice", 507_000, 1);
+    assert_eq!(rt.empty_cache().unwrap_err().acl_code(), Some(507_000));
+    assert_eq!(rt.memory_reserved(0).unwrap(), 2 * MIB);
+
+    rt.empty_cache().unwrap();
+    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    assert_eq!(fake.live_allocations(0), 0);
+    assert_eq!(stat(&rt, "num_device_free"), 1);
+}
+
+#[test]
+fn bad_pointers_and_devices_are_errors() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 2);
+    let rt = runtime(&fake, Config::default());
+    assert_eq!(
+        rt.free(0x1234).unwrap_err(),
+        RuntimeError::InvalidPointer { addr: 0x1234 }
+    );
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(
+        rt.free(a + 512).unwrap_err(),
+        RuntimeError::InvalidPointer { addr: a + 512 }
+    );
+    rt.free(a).unwrap();
+    assert_eq!(
+        rt.free(a).unwrap_err().to_string(),
+        format!("invalid device pointer: {a:#x}")
+    );
+    rt.free(0).unwrap();
+    assert_eq!(rt.malloc(0, 0, Stream::DEFAULT).unwrap(), 0);
+    assert_eq!(
+        rt.malloc(1000, 2, Stream::DEFAULT).unwrap_err(),
+        RuntimeError::InvalidDevice {
+            device: 2,
+            count: 2
+        }
+    );
+    let err = rt.malloc(1 << 60, 0, Stream::DEFAULT).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "NPU out of memory. Tried to allocate more than 1EB memory."
+    );
+    assert!(matches!(
+        rt.set_per_process_memory_fraction(1.5, 0),
+        Err(RuntimeError::Fraction(_))
+    ));
+}
+
+#[test]
+fn devices_are_separate_and_set_once_per_thread() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 2);
+    let rt = Arc::new(runtime(&fake, Config::default()));
+    let a = rt.malloc(1000, 1, Stream::DEFAULT).unwrap();
+    assert_eq!(a, 0x1100_0000_0000);
+    assert_eq!(rt.memory_allocated(0).unwrap(), 0);
+    assert_eq!(rt.memory_allocated(1).unwrap(), 1536);
+    assert_eq!(fake.used(1), 2 * MIB);
+    assert_eq!(fake.calls("aclrtSetDevice"), 1);
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(b, 0x1000_0000_0000);
+    assert_eq!(fake.calls("aclrtSetDevice"), 2);
+    rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(fake.calls("aclrtSetDevice"), 2);
+    // A free is a cache operation: no ACL call, so no binding. Another thread binds each
+    // device before its first ACL call (empty_cache synchronizes devices 0 and 1).
+    let rt2 = rt.clone();
+    std::thread::spawn(move || {
+        rt2.free(a).unwrap();
+        rt2.empty_cache().unwrap();
+    })
+    .join()
+    .unwrap();
+    assert_eq!(fake.calls("aclrtSetDevice"), 4);
+    assert_eq!(rt.memory_allocated(1).unwrap(), 0);
+    rt.free(b).unwrap();
+}
+
+#[test]
+fn fraction_and_mem_get_info() {
+    let fake = FakeAcl::new(Variant::Full, 100 * MIB, 1);
+    let rt = runtime(&fake, Config::default());
+    assert_eq!(rt.mem_get_info(0).unwrap(), (100 * MIB, 100 * MIB));
+    assert_eq!(rt.get_per_process_memory_fraction(0).unwrap(), 1.0);
+    rt.set_per_process_memory_fraction(0.25, 0).unwrap();
+    assert_eq!(rt.get_per_process_memory_fraction(0).unwrap(), 0.25);
+    // 30 MiB needs a 32 MiB segment, over the 25 MiB allowed: OOM without a device call.
+    let err = rt.malloc(30 * MIB, 0, Stream::DEFAULT).unwrap_err();
+    assert!(err.to_string().contains("25.00 MiB allowed; "), "{err}");
+    assert_eq!(fake.calls("aclrtMallocAlign32"), 0);
+    let a = rt.malloc(20 * MIB, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(rt.mem_get_info(0).unwrap(), (78 * MIB, 100 * MIB));
+    rt.free(a).unwrap();
+}
+
+#[test]
+fn mem_get_info_failure_turns_gc_off() {
+    let fake = FakeAcl::new(Variant::Full, 100 * MIB, 1);
+    let mut config = Config::default();
+    config.alloc.garbage_collection_threshold = Some(0.5);
+    let rt = runtime(&fake, config.clone());
+    rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(rt.gc_status(0).unwrap(), GcStatus::On { limit: 50 * MIB });
+
+    let fake = FakeAcl::new(Variant::Full, 100 * MIB, 1);
+    let rt = runtime(&fake, config);
+    fake.fail_next("aclrtGetMemInfo", 507_899, 1);
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(rt.gc_status(0).unwrap(), GcStatus::Unavailable);
+    // Nothing else changes: the allocator works and mem_get_info answers again.
+    rt.free(a).unwrap();
+    assert_eq!(rt.malloc(1000, 0, Stream::DEFAULT).unwrap(), a);
+    assert_eq!(rt.mem_get_info(0).unwrap().1, 100 * MIB);
+    fake.fail_next("aclrtGetMemInfo", 507_899, 1);
+    assert_eq!(rt.mem_get_info(0).unwrap_err().acl_code(), Some(507_899));
+}
+
+#[test]
+fn no_caching_goes_to_the_device_every_time() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let config = Config {
+        caching: false,
+        ..Config::default()
+    };
+    let rt = runtime(&fake, config);
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    // Align32 of 1000 + 32.
+    assert_eq!(fake.used(0), 1056);
+    fake.clear_log();
+    rt.free(a).unwrap();
+    assert_eq!(fake.log(), ["aclrtSynchronizeDevice", "aclrtFree"]);
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(b, a);
+    assert_eq!(fake.calls("aclrtMallocAlign32"), 2);
+    assert_eq!(rt.memory_allocated(0).unwrap(), 0, "no stats, as torch");
+    rt.free(b).unwrap();
+    assert_eq!(fake.used(0), 0);
+    assert_eq!(
+        rt.free(b).unwrap_err(),
+        RuntimeError::InvalidPointer { addr: b }
+    );
+    let err = rt.malloc(2 << 30, 0, Stream::DEFAULT).unwrap_err();
+    assert!(err.is_out_of_memory());
+    assert!(
+        err.to_string().starts_with(
+            "NPU out of memory. Tried to allocate 2.00 GiB (NPU 0; 1024.00 MiB total capacity;"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn memory_summary_is_torchs_table() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    let text = rt.memory_summary(0, false).unwrap();
+    assert!(
+        text.contains(
+            "| Allocated memory      |   1536 B   |   1536 B   |   1536 B   |      0 B   |"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "| NPU reserved segments |       1    |       1    |       1    |       0    |"
+        ),
+        "{text}"
+    );
+    rt.free(a).unwrap();
+}

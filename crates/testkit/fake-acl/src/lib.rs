@@ -1,0 +1,713 @@
+//! A fake `libascendcl.so` for end-to-end tests: the ACL symbols `npu-runtime` uses, exported
+//! with their C signatures (ascend-acl.md §1.2) over a small simulated device.
+//!
+//! The simulated device, per process (or per copy of this file loaded under another path, since
+//! the dynamic loader gives each copy its own statics):
+//! - `FAKE_ACL_DEVICES` devices (default 1), each with `FAKE_ACL_CAPACITY` bytes (default
+//!   32 GiB), read on first use; [`fake_acl_reset`] starts over with new numbers;
+//! - deterministic addresses: device `d`'s segments start at `0x1000_0000_0000 + d << 40`,
+//!   2 MiB aligned, lowest free address first;
+//! - ACL's sizes: `aclrtMalloc` charges `align32(size) + 32` bytes, `aclrtMallocAlign32`
+//!   charges `align32(size)`; out of capacity is 207001 with an `EL0004` message;
+//! - memory calls need `aclInit` and a device set on the calling thread (`aclrtSetDevice`),
+//!   as real ACL does, else 100001 / 107002;
+//! - events complete only when a test says so ([`fake_acl_complete_all_events`]) or when the
+//!   host waits for them (`aclrtSynchronizeEvent`, `aclrtSynchronizeDevice`); an event never
+//!   recorded is not complete (torch_npu's `aclrtQueryEventStatus` polarity, COMPLETE = 1);
+//! - injectable error codes ([`fake_acl_fail_next`]), per-symbol call counters
+//!   ([`fake_acl_calls`]) and an ordered call log ([`fake_acl_call_log`]).
+//!
+//! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32` and
+//! `aclrtQueryEventStatus`, like an old CANN, so the runtime's fallbacks can be tested.
+//!
+//! Everything is std-only and lives behind one global mutex. No function here unwinds: state is
+//! recovered from a poisoned lock and nothing else panics.
+#![allow(non_snake_case)]
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// `aclError`.
+type AclCode = i32;
+
+const ACL_SUCCESS: AclCode = 0;
+const ACL_ERROR_INVALID_PARAM: AclCode = 100_000;
+const ACL_ERROR_UNINITIALIZE: AclCode = 100_001;
+const ACL_ERROR_REPEAT_INITIALIZE: AclCode = 100_002;
+const ACL_ERROR_REPEAT_FINALIZE: AclCode = 100_037;
+const ACL_ERROR_RT_PARAM_INVALID: AclCode = 107_000;
+const ACL_ERROR_RT_INVALID_DEVICEID: AclCode = 107_001;
+const ACL_ERROR_RT_CONTEXT_NULL: AclCode = 107_002;
+const ACL_ERROR_RT_INVALID_HANDLE: AclCode = 107_017;
+const ACL_ERROR_RT_MEMORY_ALLOCATION: AclCode = 207_001;
+
+/// `ACL_HBM_MEM`, the attribute torch_npu passes to `aclrtGetMemInfo`.
+const ACL_HBM_MEM: u32 = 1;
+/// `ACL_EVENT_RECORDED_STATUS_COMPLETE` / `_NOT_READY`.
+#[cfg(not(feature = "legacy-cann"))]
+const RECORDED_COMPLETE: u32 = 1;
+#[cfg(not(feature = "legacy-cann"))]
+const RECORDED_NOT_READY: u32 = 0;
+/// `ACL_EVENT_STATUS_COMPLETE` / `_NOT_READY` (the deprecated query's polarity).
+const STATUS_COMPLETE: u32 = 0;
+const STATUS_NOT_READY: u32 = 1;
+
+const DEFAULT_CAPACITY: u64 = 32 << 30;
+const DEFAULT_DEVICES: u32 = 1;
+const BASE_ADDRESS: u64 = 0x1000_0000_0000;
+const DEVICE_STRIDE: u64 = 1 << 40;
+const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+const EVENT_BASE: usize = 0xE000_0000;
+const STREAM_BASE: usize = 0x5000_0000;
+const OOM_MESSAGE: &str =
+    "EL0004: Failed to allocate memory. Possible Cause: Available memory is insufficient.";
+
+/// One simulated device.
+#[derive(Default)]
+struct Dev {
+    /// Bytes charged by live allocations.
+    used: u64,
+    /// Live allocations: address → charged size.
+    allocations: BTreeMap<u64, u64>,
+}
+
+/// One event handle.
+struct Ev {
+    device: i32,
+    recorded: bool,
+    complete: bool,
+}
+
+/// The whole simulated runtime.
+struct State {
+    /// Bumped by every reset, so threads forget the device they had set.
+    generation: u64,
+    capacity: u64,
+    devices: Vec<Dev>,
+    initialized: bool,
+    events: HashMap<usize, Ev>,
+    next_event: usize,
+    streams: Vec<usize>,
+    next_stream: usize,
+    calls: HashMap<&'static str, u64>,
+    log: Vec<&'static str>,
+    failures: HashMap<String, VecDeque<AclCode>>,
+}
+
+impl State {
+    fn new(capacity: u64, devices: u32, generation: u64) -> State {
+        State {
+            generation,
+            capacity,
+            devices: (0..devices).map(|_| Dev::default()).collect(),
+            initialized: false,
+            events: HashMap::new(),
+            next_event: 0,
+            streams: Vec::new(),
+            next_stream: 0,
+            calls: HashMap::new(),
+            log: Vec::new(),
+            failures: HashMap::new(),
+        }
+    }
+
+    fn from_env() -> State {
+        let var = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let capacity = var("FAKE_ACL_CAPACITY").unwrap_or(DEFAULT_CAPACITY);
+        let devices = var("FAKE_ACL_DEVICES")
+            .and_then(|d| u32::try_from(d).ok())
+            .unwrap_or(DEFAULT_DEVICES);
+        State::new(capacity, devices, 0)
+    }
+
+    /// Counts and logs a call of `name`, and returns an injected failure if one is due.
+    fn enter(&mut self, name: &'static str) -> Option<AclCode> {
+        *self.calls.entry(name).or_insert(0) += 1;
+        self.log.push(name);
+        let code = self.failures.get_mut(name)?.pop_front();
+        if let Some(code) = code {
+            set_error_message(Some(&format!("fake_acl: injected error {code} in {name}")));
+        }
+        code
+    }
+
+    /// The calling thread's device, if it set one since the last reset.
+    fn current(&self) -> Result<i32, AclCode> {
+        if !self.initialized {
+            return Err(ACL_ERROR_UNINITIALIZE);
+        }
+        match CURRENT_DEVICE.with(Cell::get) {
+            Some((generation, device)) if generation == self.generation => Ok(device),
+            _ => Err(ACL_ERROR_RT_CONTEXT_NULL),
+        }
+    }
+
+    fn device_mut(&mut self, device: i32) -> &mut Dev {
+        // `current` only ever holds devices that `aclrtSetDevice` checked.
+        &mut self.devices[device as usize]
+    }
+
+    /// Allocates `charged` bytes on `device` at the lowest free 2 MiB-aligned address.
+    fn allocate(&mut self, device: i32, charged: u64) -> Result<u64, AclCode> {
+        let capacity = self.capacity;
+        let dev = self.device_mut(device);
+        if dev.used + charged > capacity {
+            set_error_message(Some(OOM_MESSAGE));
+            return Err(ACL_ERROR_RT_MEMORY_ALLOCATION);
+        }
+        let mut addr = BASE_ADDRESS + device as u64 * DEVICE_STRIDE;
+        for (&start, &size) in &dev.allocations {
+            if addr + charged <= start {
+                break;
+            }
+            addr = (start + size).next_multiple_of(SEGMENT_ALIGNMENT);
+        }
+        dev.allocations.insert(addr, charged);
+        dev.used += charged;
+        Ok(addr)
+    }
+}
+
+thread_local! {
+    /// The device this thread set, tagged with the state's generation.
+    static CURRENT_DEVICE: Cell<Option<(u64, i32)>> = const { Cell::new(None) };
+    /// The thread's recent error text, as `aclGetRecentErrMsg` returns it.
+    static ERROR_MESSAGE: RefCell<Option<CString>> = const { RefCell::new(None) };
+}
+
+fn set_error_message(text: Option<&str>) {
+    let text = text.and_then(|t| CString::new(t).ok());
+    ERROR_MESSAGE.with(|m| *m.borrow_mut() = text);
+}
+
+fn state() -> MutexGuard<'static, State> {
+    static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+    STATE
+        .get_or_init(|| Mutex::new(State::from_env()))
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs one ACL call: counts it, applies an injected failure, else runs `body`.
+fn call(name: &'static str, body: impl FnOnce(&mut State) -> AclCode) -> AclCode {
+    let mut s = state();
+    if let Some(code) = s.enter(name) {
+        return code;
+    }
+    set_error_message(None);
+    body(&mut s)
+}
+
+/// Runs a call that needs the thread's current device.
+fn device_call(name: &'static str, body: impl FnOnce(&mut State, i32) -> AclCode) -> AclCode {
+    call(name, |s| match s.current() {
+        Ok(device) => body(s, device),
+        Err(code) => code,
+    })
+}
+
+fn align32(size: usize) -> u64 {
+    (size as u64).next_multiple_of(32)
+}
+
+fn malloc_impl(
+    name: &'static str,
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    charged: u64,
+) -> AclCode {
+    device_call(name, |s, device| {
+        if dev_ptr.is_null() || size == 0 {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        match s.allocate(device, charged) {
+            Ok(addr) => {
+                // SAFETY: `dev_ptr` is non-null and, per the C contract, points to a writable
+                // `void*`.
+                unsafe { dev_ptr.write(addr as usize as *mut c_void) };
+                ACL_SUCCESS
+            }
+            Err(code) => code,
+        }
+    })
+}
+
+/// Writes `value` through `out` when it is non-null; `INVALID_PARAM` otherwise.
+///
+/// # Safety
+/// `out` must be null or valid for a write of `T`.
+unsafe fn write_out<T>(out: *mut T, value: T) -> AclCode {
+    if out.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    // SAFETY: non-null, and valid for writes per the caller's contract.
+    unsafe { out.write(value) };
+    ACL_SUCCESS
+}
+
+// ---- ACL symbols ----------------------------------------------------------------------------
+
+/// `aclInit(configPath)`: 0 the first time, 100002 after.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclInit(_config_path: *const c_char) -> AclCode {
+    call("aclInit", |s| {
+        if s.initialized {
+            ACL_ERROR_REPEAT_INITIALIZE
+        } else {
+            s.initialized = true;
+            ACL_SUCCESS
+        }
+    })
+}
+
+/// `aclFinalize()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclFinalize() -> AclCode {
+    call("aclFinalize", |s| {
+        if s.initialized {
+            s.initialized = false;
+            ACL_SUCCESS
+        } else {
+            ACL_ERROR_REPEAT_FINALIZE
+        }
+    })
+}
+
+/// `aclrtSetDevice(deviceId)`: binds the device to the calling thread.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclCode {
+    call("aclrtSetDevice", |s| {
+        if !s.initialized {
+            return ACL_ERROR_UNINITIALIZE;
+        }
+        if device_id < 0 || device_id as usize >= s.devices.len() {
+            return ACL_ERROR_RT_INVALID_DEVICEID;
+        }
+        let generation = s.generation;
+        CURRENT_DEVICE.with(|c| c.set(Some((generation, device_id))));
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtResetDevice(deviceId)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtResetDevice(device_id: i32) -> AclCode {
+    call("aclrtResetDevice", |s| {
+        if device_id < 0 || device_id as usize >= s.devices.len() {
+            return ACL_ERROR_RT_INVALID_DEVICEID;
+        }
+        CURRENT_DEVICE.with(|c| c.set(None));
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtGetDevice(&deviceId)`.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtGetDevice(device_id: *mut i32) -> AclCode {
+    device_call("aclrtGetDevice", |_, device| {
+        // SAFETY: per the C contract `device_id` is null or a writable `int32_t`.
+        unsafe { write_out(device_id, device) }
+    })
+}
+
+/// `aclrtGetDeviceCount(&count)`.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclCode {
+    call("aclrtGetDeviceCount", |s| {
+        if !s.initialized {
+            return ACL_ERROR_UNINITIALIZE;
+        }
+        // SAFETY: per the C contract `count` is null or a writable `uint32_t`.
+        unsafe { write_out(count, s.devices.len() as u32) }
+    })
+}
+
+/// `aclrtMalloc(&p, size, policy)`: charges `align32(size) + 32` bytes, as ACL pads.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMalloc(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    _policy: u32,
+) -> AclCode {
+    malloc_impl("aclrtMalloc", dev_ptr, size, align32(size) + 32)
+}
+
+/// `aclrtMallocAlign32(&p, size, policy)`: charges `align32(size)` bytes, no padding.
+#[cfg(not(feature = "legacy-cann"))]
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMallocAlign32(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    _policy: u32,
+) -> AclCode {
+    malloc_impl("aclrtMallocAlign32", dev_ptr, size, align32(size))
+}
+
+/// `aclrtFree(p)`: frees at once, no synchronization; an unknown address is 107000.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> AclCode {
+    device_call("aclrtFree", |s, device| {
+        let addr = dev_ptr as usize as u64;
+        let dev = s.device_mut(device);
+        match dev.allocations.remove(&addr) {
+            Some(size) => {
+                dev.used -= size;
+                ACL_SUCCESS
+            }
+            None => ACL_ERROR_RT_PARAM_INVALID,
+        }
+    })
+}
+
+/// `aclrtGetMemInfo(attr, &free, &total)`: HBM reports capacity; other attributes 0/0.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtGetMemInfo(
+    attr: u32,
+    free: *mut usize,
+    total: *mut usize,
+) -> AclCode {
+    device_call("aclrtGetMemInfo", |s, device| {
+        let capacity = s.capacity;
+        let dev = s.device_mut(device);
+        let (f, t) = if attr == ACL_HBM_MEM {
+            (capacity - dev.used, capacity)
+        } else {
+            (0, 0)
+        };
+        // SAFETY: per the C contract both are null or writable `size_t`s.
+        let code = unsafe { write_out(free, f as usize) };
+        if code != ACL_SUCCESS {
+            return code;
+        }
+        // SAFETY: as above.
+        unsafe { write_out(total, t as usize) }
+    })
+}
+
+/// `aclrtSynchronizeDevice()`: completes every recorded event of the current device.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeDevice() -> AclCode {
+    device_call("aclrtSynchronizeDevice", |s, device| {
+        for ev in s.events.values_mut() {
+            if ev.device == device && ev.recorded {
+                ev.complete = true;
+            }
+        }
+        ACL_SUCCESS
+    })
+}
+
+fn create_event(name: &'static str, event: *mut *mut c_void) -> AclCode {
+    device_call(name, |s, device| {
+        s.next_event += 1;
+        let handle = EVENT_BASE + s.next_event * 16;
+        // SAFETY: per the C contract `event` is null or a writable `aclrtEvent`.
+        let code = unsafe { write_out(event, handle as *mut c_void) };
+        if code == ACL_SUCCESS {
+            s.events.insert(
+                handle,
+                Ev {
+                    device,
+                    recorded: false,
+                    complete: false,
+                },
+            );
+        }
+        code
+    })
+}
+
+/// `aclrtCreateEventWithFlag(&event, flag)`.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtCreateEventWithFlag(event: *mut *mut c_void, _flag: u32) -> AclCode {
+    create_event("aclrtCreateEventWithFlag", event)
+}
+
+/// `aclrtCreateEvent(&event)`.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtCreateEvent(event: *mut *mut c_void) -> AclCode {
+    create_event("aclrtCreateEvent", event)
+}
+
+/// Runs `body` on the event behind `event`, or returns 107017 for an unknown handle.
+fn with_event(
+    name: &'static str,
+    event: *mut c_void,
+    body: impl FnOnce(&mut Ev) -> AclCode,
+) -> AclCode {
+    call(name, |s| match s.events.get_mut(&(event as usize)) {
+        Some(ev) => body(ev),
+        None => ACL_ERROR_RT_INVALID_HANDLE,
+    })
+}
+
+/// `aclrtRecordEvent(event, stream)`: the event is pending until completed.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtRecordEvent(event: *mut c_void, stream: *mut c_void) -> AclCode {
+    call("aclrtRecordEvent", |s| {
+        if !stream.is_null() && !s.streams.contains(&(stream as usize)) {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        }
+        match s.events.get_mut(&(event as usize)) {
+            Some(ev) => {
+                ev.recorded = true;
+                ev.complete = false;
+                ACL_SUCCESS
+            }
+            None => ACL_ERROR_RT_INVALID_HANDLE,
+        }
+    })
+}
+
+/// `aclrtQueryEventStatus(event, &status)`: COMPLETE = 1 once recorded and completed.
+#[cfg(not(feature = "legacy-cann"))]
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtQueryEventStatus(event: *mut c_void, status: *mut u32) -> AclCode {
+    with_event("aclrtQueryEventStatus", event, |ev| {
+        let value = if ev.recorded && ev.complete {
+            RECORDED_COMPLETE
+        } else {
+            RECORDED_NOT_READY
+        };
+        // SAFETY: per the C contract `status` is null or a writable enum (4-byte int).
+        unsafe { write_out(status, value) }
+    })
+}
+
+/// `aclrtQueryEvent(event, &status)` (deprecated): COMPLETE = 0.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtQueryEvent(event: *mut c_void, status: *mut u32) -> AclCode {
+    with_event("aclrtQueryEvent", event, |ev| {
+        let value = if ev.recorded && !ev.complete {
+            STATUS_NOT_READY
+        } else {
+            STATUS_COMPLETE
+        };
+        // SAFETY: per the C contract `status` is null or a writable enum (4-byte int).
+        unsafe { write_out(status, value) }
+    })
+}
+
+/// `aclrtSynchronizeEvent(event)`: the host waits, so the event completes.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeEvent(event: *mut c_void) -> AclCode {
+    with_event("aclrtSynchronizeEvent", event, |ev| {
+        if ev.recorded {
+            ev.complete = true;
+        }
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtDestroyEvent(event)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtDestroyEvent(event: *mut c_void) -> AclCode {
+    call("aclrtDestroyEvent", |s| {
+        match s.events.remove(&(event as usize)) {
+            Some(_) => ACL_SUCCESS,
+            None => ACL_ERROR_RT_INVALID_HANDLE,
+        }
+    })
+}
+
+/// `aclrtCreateStream(&stream)`.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtCreateStream(stream: *mut *mut c_void) -> AclCode {
+    device_call("aclrtCreateStream", |s, _| {
+        s.next_stream += 1;
+        let handle = STREAM_BASE + s.next_stream * 16;
+        // SAFETY: per the C contract `stream` is null or a writable `aclrtStream`.
+        let code = unsafe { write_out(stream, handle as *mut c_void) };
+        if code == ACL_SUCCESS {
+            s.streams.push(handle);
+        }
+        code
+    })
+}
+
+/// `aclrtDestroyStream(stream)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtDestroyStream(stream: *mut c_void) -> AclCode {
+    call("aclrtDestroyStream", |s| {
+        let before = s.streams.len();
+        s.streams.retain(|&h| h != stream as usize);
+        if s.streams.len() < before {
+            ACL_SUCCESS
+        } else {
+            ACL_ERROR_RT_INVALID_HANDLE
+        }
+    })
+}
+
+/// `aclrtSynchronizeStream(stream)`: completes the current device's recorded events.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtSynchronizeStream(_stream: *mut c_void) -> AclCode {
+    device_call("aclrtSynchronizeStream", |s, device| {
+        for ev in s.events.values_mut() {
+            if ev.device == device && ev.recorded {
+                ev.complete = true;
+            }
+        }
+        ACL_SUCCESS
+    })
+}
+
+/// `aclGetRecentErrMsg()`: the calling thread's last error text, or null.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
+    // Not counted or logged: the runtime calls it after every failure.
+    ERROR_MESSAGE.with(|m| m.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
+}
+
+// ---- test controls --------------------------------------------------------------------------
+
+/// Reads a symbol name passed by a test.
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+unsafe fn name_arg(name: *const c_char) -> Option<String> {
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated per the caller's contract.
+    let name = unsafe { CStr::from_ptr(name) };
+    name.to_str().ok().map(str::to_owned)
+}
+
+/// Starts over: `devices` devices of `capacity` bytes, not initialised, no allocations, events,
+/// counters, log or injected failures; every thread forgets its device.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_reset(capacity: u64, devices: u32) {
+    let mut s = state();
+    let generation = s.generation + 1;
+    *s = State::new(capacity, devices, generation);
+}
+
+/// How many times the ACL function `name` was called since the last reset (0 for null).
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_calls(name: *const c_char) -> u64 {
+    // SAFETY: forwarded from the caller.
+    let Some(name) = (unsafe { name_arg(name) }) else {
+        return 0;
+    };
+    state().calls.get(name.as_str()).copied().unwrap_or(0)
+}
+
+/// Makes the next `count` calls of `name` fail with `code` (and do nothing else).
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_fail_next(name: *const c_char, code: i32, count: u32) {
+    // SAFETY: forwarded from the caller.
+    let Some(name) = (unsafe { name_arg(name) }) else {
+        return;
+    };
+    let mut s = state();
+    let queue = s.failures.entry(name).or_default();
+    queue.extend(std::iter::repeat_n(code, count as usize));
+}
+
+/// Completes every recorded event (the work before them has finished).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_complete_all_events() {
+    for ev in state().events.values_mut() {
+        if ev.recorded {
+            ev.complete = true;
+        }
+    }
+}
+
+/// Events recorded and not yet complete.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_pending_events() -> u64 {
+    let s = state();
+    s.events
+        .values()
+        .filter(|e| e.recorded && !e.complete)
+        .count() as u64
+}
+
+/// Events created and not destroyed.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_live_events() -> u64 {
+    state().events.len() as u64
+}
+
+/// Bytes charged on `device` by live allocations (0 for an unknown device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_used(device: u32) -> u64 {
+    let s = state();
+    s.devices.get(device as usize).map_or(0, |d| d.used)
+}
+
+/// Live allocations on `device` (0 for an unknown device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_live_allocations(device: u32) -> u64 {
+    let s = state();
+    s.devices
+        .get(device as usize)
+        .map_or(0, |d| d.allocations.len() as u64)
+}
+
+/// The ACL calls since the last reset or [`fake_acl_clear_log`], comma-separated. Writes at
+/// most `len` bytes (no NUL) to `buf` and returns the full length.
+///
+/// # Safety
+/// `buf` must be null or valid for writes of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_call_log(buf: *mut u8, len: usize) -> usize {
+    let text = state().log.join(",");
+    if !buf.is_null() {
+        let n = text.len().min(len);
+        // SAFETY: `buf` is valid for `len ≥ n` bytes per the caller's contract, and cannot
+        // overlap `text`, a fresh allocation.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    }
+    text.len()
+}
+
+/// Empties the call log (counters are kept).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_clear_log() {
+    state().log.clear();
+}
