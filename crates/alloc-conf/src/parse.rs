@@ -314,3 +314,6 @@ fn boolean(name: &str, value: &str) -> Result<bool, (WarningKind, String)> {
         ))
     })
 }
+
+#[cfg(test)]
+mod tests;
