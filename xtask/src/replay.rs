@@ -1,12 +1,157 @@
-//! `cargo xtask replay`: replay a trace (not built yet).
+//! `cargo xtask replay`: replay a `.trace` through the policy core on the simulated device and
+//! print what happened (`shared/spec/trace-format.md`).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
+
+use alloc_core::FormatSize;
+use serde_json::{Map, Value, json};
+use testkit::{ReplayReport, Setup, StatsRecord, parse_size};
 
 /// Arguments of `cargo xtask replay`.
 #[derive(clap::Args)]
-pub(crate) struct Args {}
+pub(crate) struct Args {
+    /// The trace file (relative to the current directory, else to the workspace's `crates/`).
+    file: PathBuf,
+    /// Print one JSON object per `stats` line and a last one labelled "end".
+    #[arg(long)]
+    json: bool,
+    /// Alloc-conf string; overrides the trace's `conf` directive.
+    #[arg(long)]
+    conf: Option<String>,
+    /// Device capacity (bytes, or with a K/M/G suffix); overrides the trace's `capacity`.
+    #[arg(long, value_parser = parse_size_arg)]
+    capacity: Option<u64>,
+    /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA); overrides `pad`.
+    #[arg(long, value_parser = parse_size_arg)]
+    pad: Option<u64>,
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The trace path: as given if it exists, else under the workspace's `crates/` directory (so
+/// `testkit/traces/x.trace` works from the workspace root).
+fn resolve(file: &Path) -> PathBuf {
+    if file.exists() || file.is_absolute() {
+        return file.to_path_buf();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace");
+    let under_crates = root.join("crates").join(file);
+    if !under_crates.exists() {
+        return file.to_path_buf();
+    }
+    // Show it relative to the current directory when it is below it.
+    match std::env::current_dir() {
+        Ok(cwd) => under_crates
+            .strip_prefix(&cwd)
+            .map_or(under_crates.clone(), Path::to_path_buf),
+        Err(_) => under_crates,
+    }
+}
 
 /// Runs `cargo xtask replay`.
-pub(crate) fn run(_args: Args) -> ExitCode {
+pub(crate) fn run(args: Args) -> ExitCode {
+    let path = resolve(&args.file);
+    let trace = match testkit::trace::load(&path) {
+        Ok(trace) => trace,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let conf_text = args.conf.as_deref().or(trace.conf.as_deref()).unwrap_or("");
+    let parsed = alloc_conf::parse(conf_text);
+    for w in &parsed.warnings {
+        eprintln!("warning: alloc conf: {w}");
+    }
+    let setup = Setup::from_trace(&trace, parsed.conf, args.capacity, args.pad);
+    let start = Instant::now();
+    let report = match testkit::replay(&trace, &setup) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("{}:{e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    for notice in &report.notices {
+        eprintln!("note: {notice}");
+    }
+    if args.json {
+        for record in report.records.iter().chain([&report.end]) {
+            println!("{}", record_json(record));
+        }
+    } else {
+        print_summary(&path, conf_text, &report, seconds);
+    }
     ExitCode::SUCCESS
+}
+
+/// One stats record as torch's flat `memory_stats()` keys plus `label` and `line`.
+fn record_json(record: &StatsRecord) -> Value {
+    let mut map = Map::new();
+    map.insert("label".into(), json!(record.label));
+    map.insert("line".into(), json!(record.line));
+    for (key, value) in record.stats.flat() {
+        map.insert(key, json!(value));
+    }
+    Value::Object(map)
+}
+
+fn print_summary(path: &Path, conf: &str, report: &ReplayReport, seconds: f64) {
+    let s = &report.end.stats;
+    let setup = &report.setup;
+    let peak_alloc = s.allocated_bytes.all.peak as u64;
+    let peak_reserved = s.reserved_bytes.all.peak as u64;
+    let peak_requested = s.requested_bytes.all.peak as u64;
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let c = &report.counts;
+    println!("trace               {}", path.display());
+    println!(
+        "config              {}",
+        if conf.is_empty() { "(defaults)" } else { conf }
+    );
+    println!(
+        "device              capacity {}, pad {} bytes",
+        FormatSize(setup.capacity),
+        setup.pad
+    );
+    println!(
+        "operations          {} ({} alloc, {} free)",
+        c.ops, c.allocs, c.frees
+    );
+    println!("peak requested      {}", FormatSize(peak_requested));
+    println!("peak allocated      {}", FormatSize(peak_alloc));
+    println!(
+        "peak reserved       {} ({} bytes)",
+        FormatSize(peak_reserved),
+        peak_reserved
+    );
+    println!(
+        "reserved/allocated  {:.3}",
+        ratio(peak_reserved, peak_alloc)
+    );
+    println!(
+        "reserved/requested  {:.3}",
+        ratio(peak_reserved, peak_requested)
+    );
+    println!("segments now        {}", s.segment.all.current);
+    println!("device mallocs      {}", report.device_mallocs);
+    println!("device frees        {}", report.device_frees);
+    println!("OOMs                {}", s.num_ooms);
+    println!("alloc retries       {}", s.num_alloc_retries);
+    if c.refused + c.skipped > 0 {
+        println!("refused (≥1 EiB)    {}", c.refused);
+        println!("skipped free/record {}", c.skipped);
+    }
+    println!(
+        "ops per second      {:.0}",
+        c.ops as f64 / seconds.max(1e-9)
+    );
+    println!("(peaks are since the trace's last reset_peak, as torch reports them)");
 }

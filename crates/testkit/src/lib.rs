@@ -6,11 +6,13 @@
 #![forbid(unsafe_code)]
 
 pub mod fault;
+pub mod replay;
 pub mod sim_device;
 pub mod size;
 pub mod trace;
 
 pub use fault::{DeviceCall, Fault};
+pub use replay::{OpCounts, ReplayError, ReplayReport, Setup, StatsRecord, replay};
 pub use sim_device::{
     BASE_ADDRESS, DEFAULT_CAPACITY, SEGMENT_ALIGNMENT, SimDevice, SimError, SimEvent,
 };

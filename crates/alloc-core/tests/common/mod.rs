@@ -23,22 +23,9 @@ pub fn npu(capacity: u64, conf: &AllocConf) -> Allocator<SimDevice> {
 
 /// Parses a config string the way the runtime does (no warnings expected).
 pub fn conf(s: &str) -> AllocConf {
-    // TEMP until the parser lands
-    let mut c = AllocConf::default();
-    for item in s.split(',') {
-        let (k, v) = item.split_once(':').unwrap();
-        match k {
-            "max_split_size_mb" => c.max_split_size = Some(v.parse::<u64>().unwrap() * MIB),
-            "garbage_collection_threshold" => {
-                c.garbage_collection_threshold = Some(v.parse().unwrap())
-            }
-            "per_process_memory_fraction" => c.per_process_memory_fraction = v.parse().unwrap(),
-            "page_size" => c.page_size = Some(GIB),
-            "roundup_power2_divisions" => c.roundup_power2_divisions = [v.parse().unwrap(); 16],
-            _ => panic!("{k}"),
-        }
-    }
-    c
+    let parsed = alloc_conf::parse(s);
+    assert!(parsed.warnings.is_empty(), "{s}: {:?}", parsed.warnings);
+    parsed.conf
 }
 
 /// Looks a flat stat up by torch's key.
