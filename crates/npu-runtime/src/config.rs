@@ -7,7 +7,7 @@
 
 use core::fmt;
 
-use alloc_conf::AllocConf;
+use alloc_conf::{AllocConf, Source, Warning};
 
 use crate::sync::global::OnceLock;
 use crate::warn_once::warn_once;
@@ -22,6 +22,8 @@ pub struct Config {
     pub alloc: AllocConf,
     /// Whether blocks are cached (false with `PYTORCH_NO_NPU_MEMORY_CACHING=1`).
     pub caching: bool,
+    /// Where the allocator config string came from (`None`: defaults, nothing was set).
+    pub source: Option<Source>,
 }
 
 impl Default for Config {
@@ -29,6 +31,7 @@ impl Default for Config {
         Config {
             alloc: AllocConf::default(),
             caching: true,
+            source: None,
         }
     }
 }
@@ -37,6 +40,13 @@ impl Default for Config {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ConfigWarning {
+    /// An item of the allocator config string was ignored (or overridden), per `alloc-conf`.
+    AllocConf {
+        /// Where the string came from.
+        source: Source,
+        /// What `alloc-conf` reported.
+        warning: Warning,
+    },
     /// `PYTORCH_NO_NPU_MEMORY_CACHING` is neither `0` nor `1`; caching stays on.
     InvalidNoCaching {
         /// The value found.
@@ -47,6 +57,7 @@ pub enum ConfigWarning {
 impl fmt::Display for ConfigWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            ConfigWarning::AllocConf { source, warning } => write!(f, "{source}: {warning}"),
             ConfigWarning::InvalidNoCaching { value } => write!(
                 f,
                 "{NO_CACHING_ENV}={value:?} is invalid (only 0 and 1 are allowed); caching stays on"
@@ -56,13 +67,24 @@ impl fmt::Display for ConfigWarning {
 }
 
 impl Config {
-    /// The configuration an environment describes, with what it ignored. `lookup` returns a
-    /// variable's value, `None` when unset.
-    pub fn from_lookup<F>(lookup: F) -> (Config, Vec<ConfigWarning>)
+    /// The configuration an environment describes, with what it ignored. The allocator config
+    /// string is `explicit` if given and not blank, else the first variable of
+    /// [`alloc_conf::ENV_VARS`] that is set and not blank. `lookup` returns a variable's value,
+    /// `None` when unset.
+    pub fn from_lookup<F>(explicit: Option<&str>, lookup: F) -> (Config, Vec<ConfigWarning>)
     where
         F: Fn(&str) -> Option<String>,
     {
-        let (alloc, mut warnings) = read_alloc_conf(&lookup);
+        let loaded = alloc_conf::from_env(explicit, &lookup);
+        let mut warnings: Vec<ConfigWarning> = match loaded.source {
+            Some(source) => loaded
+                .parsed
+                .warnings
+                .into_iter()
+                .map(|warning| ConfigWarning::AllocConf { source, warning })
+                .collect(),
+            None => Vec::new(),
+        };
         let caching = match lookup(NO_CACHING_ENV).as_deref().map(str::trim) {
             None | Some("" | "0") => true,
             Some("1") => false,
@@ -73,7 +95,12 @@ impl Config {
                 true
             }
         };
-        (Config { alloc, caching }, warnings)
+        let config = Config {
+            alloc: loaded.parsed.conf,
+            caching,
+            source: loaded.source,
+        };
+        (config, warnings)
     }
 
     /// The process environment's configuration, read on the first call and kept; each warning
@@ -81,7 +108,7 @@ impl Config {
     pub fn from_env() -> Config {
         static ENV: OnceLock<Config> = OnceLock::new();
         ENV.get_or_init(|| {
-            let (config, warnings) = Config::from_lookup(|name| std::env::var(name).ok());
+            let (config, warnings) = Config::from_lookup(None, |name| std::env::var(name).ok());
             for w in &warnings {
                 warn_once(&w.to_string());
             }
@@ -89,15 +116,6 @@ impl Config {
         })
         .clone()
     }
-}
-
-/// The allocator config from the environment's config variables, through `alloc-conf`.
-fn read_alloc_conf<F>(_lookup: &F) -> (AllocConf, Vec<ConfigWarning>)
-where
-    F: Fn(&str) -> Option<String>,
-{
-    // alloc-conf's parser and env precedence have not landed yet: defaults until they do.
-    (AllocConf::default(), Vec::new())
 }
 
 #[cfg(test)]
@@ -117,20 +135,45 @@ mod tests {
     fn no_caching_values() {
         for (value, caching) in [("0", true), ("1", false), ("", true), (" 1 ", false)] {
             let pairs: &'static [(&str, &str)] = Box::leak(Box::new([(NO_CACHING_ENV, value)]));
-            let (config, warnings) = Config::from_lookup(env(pairs));
+            let (config, warnings) = Config::from_lookup(None, env(pairs));
             assert_eq!(config.caching, caching, "{value:?}");
             assert!(warnings.is_empty());
         }
-        let (config, _) = Config::from_lookup(env(&[]));
+        let (config, _) = Config::from_lookup(None, env(&[]));
         assert!(config.caching);
+    }
+
+    #[test]
+    fn alloc_conf_follows_the_precedence_and_keeps_its_warnings() {
+        let pairs = &[
+            ("PYTORCH_NPU_ALLOC_CONF", "max_split_size_mb:64,foo:1"),
+            ("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128"),
+        ];
+        let (config, warnings) = Config::from_lookup(None, env(pairs));
+        assert_eq!(config.alloc.max_split_size, Some(64 << 20));
+        assert_eq!(config.source, Some(Source::Var("PYTORCH_NPU_ALLOC_CONF")));
+        assert_eq!(warnings.len(), 1);
+        let text = warnings[0].to_string();
+        assert!(
+            text.starts_with("PYTORCH_NPU_ALLOC_CONF: unknown_key `foo`"),
+            "{text}"
+        );
+        // An explicit string wins over the environment.
+        let (config, warnings) =
+            Config::from_lookup(Some("release_lock_on_npumalloc:True"), env(pairs));
+        assert!(config.alloc.release_lock_on_npumalloc);
+        assert_eq!(config.alloc.max_split_size, None);
+        assert_eq!(config.source, Some(Source::Argument));
+        assert!(warnings.is_empty());
     }
 
     #[test]
     fn invalid_no_caching_warns_and_keeps_caching() {
         for value in ["2", "true", "yes", "-1"] {
             let pairs: &'static [(&str, &str)] = Box::leak(Box::new([(NO_CACHING_ENV, value)]));
-            let (config, warnings) = Config::from_lookup(env(pairs));
+            let (config, warnings) = Config::from_lookup(None, env(pairs));
             assert!(config.caching);
+            assert_eq!(config.source, None);
             assert_eq!(
                 warnings,
                 vec![ConfigWarning::InvalidNoCaching {

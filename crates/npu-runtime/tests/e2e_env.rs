@@ -1,0 +1,106 @@
+//! End-to-end through the process environment: the library found by `$NPU_ALLOC_ACL_LIB`, the
+//! configuration read once from the environment, and each warning logged once. One test in
+//! its own binary, since it sets environment variables.
+#![cfg(not(loom))]
+
+mod common;
+
+use std::sync::Mutex;
+
+use common::{FakeAcl, Variant};
+use npu_runtime::{AclBackend, AclError, Config, NpuAllocator, Stream};
+
+/// Captures every warning logged.
+struct Capture(Mutex<Vec<String>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() <= log::Level::Warn
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if self.enabled(record.metadata()) {
+            self.0.lock().unwrap().push(record.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURE: Capture = Capture(Mutex::new(Vec::new()));
+
+fn logged(part: &str) -> usize {
+    CAPTURE
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| m.contains(part))
+        .count()
+}
+
+#[test]
+fn environment_library_config_and_warnings_once() {
+    log::set_logger(&CAPTURE).unwrap();
+    log::set_max_level(log::LevelFilter::Warn);
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    // SAFETY: this binary's only test; no other thread reads the environment meanwhile.
+    unsafe {
+        std::env::set_var("NPU_ALLOC_ACL_LIB", fake.dir());
+        std::env::set_var("PYTORCH_NPU_ALLOC_CONF", "max_split_size_mb:64,bogus_key:1");
+        std::env::set_var("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128");
+        std::env::set_var("PYTORCH_NO_NPU_MEMORY_CACHING", "1");
+    }
+
+    let rt = NpuAllocator::from_env().expect("the fake, found through NPU_ALLOC_ACL_LIB");
+    assert_eq!(rt.backend().lib().path(), fake.path());
+    let config = rt.config();
+    assert!(!config.caching);
+    assert_eq!(config.alloc.max_split_size, Some(64 << 20));
+    assert_eq!(
+        config.source.map(|s| s.name()),
+        Some("PYTORCH_NPU_ALLOC_CONF")
+    );
+    assert_eq!(logged("unknown_key `bogus_key`"), 1);
+
+    // No caching: each malloc goes to the device, each free synchronizes and frees.
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.free(a).unwrap();
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.free(b).unwrap();
+    assert_eq!(fake.calls("aclrtMallocAlign32"), 2);
+    assert_eq!(fake.calls("aclrtSynchronizeDevice"), 2);
+    assert_eq!(fake.calls("aclrtFree"), 2);
+
+    // Read once: a changed environment does not change the configuration, nor log again.
+    // SAFETY: as above.
+    unsafe { std::env::set_var("PYTORCH_NO_NPU_MEMORY_CACHING", "0") };
+    assert!(!Config::from_env().caching);
+    assert_eq!(logged("unknown_key `bogus_key`"), 1);
+
+    // A notice is logged once however many devices report it.
+    let mut gc = Config::default();
+    gc.alloc.garbage_collection_threshold = Some(0.5);
+    for _ in 0..2 {
+        let rt = NpuAllocator::with_library(fake.path(), gc.clone()).unwrap();
+        fake.fail_next("aclrtGetMemInfo", 507_899, 1);
+        rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    }
+    assert_eq!(logged("garbage_collection_threshold is ignored"), 1);
+
+    // A missing library: a typed error listing every path searched, the variable's first.
+    let missing = "/nonexistent-npu-runtime-env/libascendcl.so";
+    // SAFETY: as above.
+    unsafe { std::env::set_var("NPU_ALLOC_ACL_LIB", missing) };
+    match AclBackend::search(None) {
+        Err(AclError::NotFound { searched }) => {
+            let expected = acl_sys::candidate_paths(None, |n| std::env::var_os(n));
+            assert_eq!(searched.len(), expected.len());
+            assert_eq!(searched[0].path, std::path::Path::new(missing));
+            for (attempt, path) in searched.iter().zip(&expected) {
+                assert_eq!(&attempt.path, path);
+            }
+        }
+        // A machine with a real CANN install finds it further down the list.
+        Err(AclError::MissingSymbols { .. }) | Ok(_) => {}
+        Err(other) => panic!("unexpected {other:?}"),
+    }
+}
