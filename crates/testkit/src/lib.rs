@@ -5,12 +5,14 @@
 //! [`trace`]) and replayed.
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod fault;
 pub mod replay;
 pub mod sim_device;
 pub mod size;
 pub mod trace;
 
+pub use check::{Inconsistency, check_consistency};
 pub use fault::{DeviceCall, Fault};
 pub use replay::{OpCounts, ReplayError, ReplayReport, Setup, StatsRecord, replay};
 pub use sim_device::{
