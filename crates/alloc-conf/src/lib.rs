@@ -10,6 +10,23 @@
 //! - [`AllocConf`]'s `Display` writes the canonical string, which parses back to the same value.
 //!
 //! `no_std` + `alloc`, no I/O and no printing: callers decide how to report warnings.
+//!
+//! ```
+//! use alloc_conf::{MIB, WarningKind, from_env, parse};
+//!
+//! let p = parse("max_split_size_mb:32, garbage_collection_threshold=0.6, foo:1,");
+//! assert_eq!(p.conf.max_split_size, Some(32 * MIB));
+//! assert_eq!(p.conf.garbage_collection_threshold, Some(0.6));
+//! assert_eq!(p.warnings[0].kind, WarningKind::UnknownKey);
+//! assert_eq!(p.conf.to_string(), "max_split_size_mb:32,garbage_collection_threshold:0.6");
+//!
+//! // The environment is a closure: here only PYTORCH_CUDA_ALLOC_CONF is set.
+//! let l = from_env(None, |name| {
+//!     (name == "PYTORCH_CUDA_ALLOC_CONF").then(|| "expandable_segments:True".to_string())
+//! });
+//! assert_eq!(l.source.map(|s| s.name()), Some("PYTORCH_CUDA_ALLOC_CONF"));
+//! assert!(l.parsed.conf.expandable_segments);
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 

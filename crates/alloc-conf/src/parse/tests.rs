@@ -387,9 +387,30 @@ fn key_backend() {
 }
 
 #[test]
-fn every_key_has_a_test_above() {
-    // Guard: the key table is exactly the spec's 16 keys.
-    assert_eq!(Key::ALL.len(), 16);
+fn key_table_is_the_spec_table() {
+    // Guard for the per-key tests above: exactly the spec's 16 keys, in its order.
+    let names: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "max_split_size_mb",
+            "max_non_split_rounding_mb",
+            "large_segment_size_mb",
+            "garbage_collection_threshold",
+            "expandable_segments",
+            "base_addr_aligned_kb",
+            "page_size",
+            "segment_size_mb",
+            "roundup_power2_divisions",
+            "per_process_memory_fraction",
+            "release_lock_on_npumalloc",
+            "pinned_use_background_threads",
+            "pin_memory_expandable_segments",
+            "pinned_mem_register",
+            "pinned_num_register_threads",
+            "backend",
+        ]
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
