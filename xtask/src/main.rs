@@ -2,8 +2,11 @@
 //!
 //! One binary with a subcommand per job (matklad's xtask pattern); each job lives in its own module.
 
+mod cargo;
 mod conf;
+mod loom;
 mod replay;
+mod test_hw;
 
 use std::process::ExitCode;
 
@@ -23,6 +26,10 @@ enum Command {
     Replay(replay::Args),
     /// Parse an allocator config string (or the environment) and explain the result.
     Conf(conf::Args),
+    /// Run npu-runtime's loom models (`--cfg loom`, release, bounded preemptions).
+    Loom(loom::Args),
+    /// Probe for Ascend hardware and run the hardware suite (exit 0 without hardware).
+    TestHw(test_hw::Args),
 }
 
 fn main() -> ExitCode {
@@ -41,5 +48,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Replay(args) => replay::run(args),
         Command::Conf(args) => conf::run(args),
+        Command::Loom(args) => loom::run(args),
+        Command::TestHw(args) => test_hw::run(args),
     }
 }
