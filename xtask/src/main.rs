@@ -2,6 +2,7 @@
 //!
 //! One binary with a subcommand per job (matklad's xtask pattern); each job lives in its own module.
 
+mod bench;
 mod cargo;
 mod conf;
 mod loom;
@@ -28,6 +29,8 @@ enum Command {
     Conf(conf::Args),
     /// Run npu-runtime's loom models (`--cfg loom`, release, bounded preemptions).
     Loom(loom::Args),
+    /// Run the criterion benches and print each case as a ratio to its baseline.
+    Bench(bench::Args),
     /// Probe for Ascend hardware and run the hardware suite (exit 0 without hardware).
     TestHw(test_hw::Args),
 }
@@ -50,5 +53,6 @@ fn main() -> ExitCode {
         Command::Conf(args) => conf::run(args),
         Command::Loom(args) => loom::run(args),
         Command::TestHw(args) => test_hw::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }

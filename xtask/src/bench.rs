@@ -1,0 +1,250 @@
+//! `cargo xtask bench`: run the criterion benches, then print each case as a ratio to a baseline
+//! measured in the same run, so the figures survive a noisy machine; and a fragmentation report
+//! of every shipped trace.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use alloc_core::FormatSize;
+use serde_json::{Value, json};
+
+/// Arguments of `cargo xtask bench`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Short warm-up and measurement times (the whole run fits in about two minutes).
+    #[arg(long)]
+    quick: bool,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Cached-block counts of the hit benches (`alloc-core/benches/pairs.rs`).
+const BLOCKS: [u64; 4] = [16, 256, 4096, 65536];
+
+/// Operations in the replay bench's synthetic trace.
+const REPLAY_OPS: f64 = 200_000.0;
+
+/// One printed case: a measured figure, its baseline and the target ratio, if any.
+struct Case {
+    name: &'static str,
+    blocks: Option<u64>,
+    ns: f64,
+    baseline: Option<String>,
+    baseline_ns: Option<f64>,
+    target: Option<f64>,
+}
+
+impl Case {
+    fn ratio(&self) -> Option<f64> {
+        self.baseline_ns.map(|b| self.ns / b)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "blocks": self.blocks,
+            "ns": round(self.ns),
+            "baseline": self.baseline,
+            "baseline_ns": self.baseline_ns.map(round),
+            "ratio": self.ratio().map(|r| (r * 1000.0).round() / 1000.0),
+            "target": self.target,
+        })
+    }
+}
+
+fn round(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+/// Where criterion writes its estimates.
+fn criterion_home() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    target.join("criterion")
+}
+
+/// The median time in ns of a criterion benchmark, if it ran.
+fn median_ns(id: &str) -> Option<f64> {
+    let path = criterion_home().join(id.replace('/', "_")).join("new/estimates.json");
+    let path = if path.exists() { path } else { criterion_home().join(id).join("new/estimates.json") };
+    let text = std::fs::read_to_string(path).ok()?;
+    let value: Value = serde_json::from_str(&text).ok()?;
+    value["median"]["point_estimate"].as_f64()
+}
+
+fn run_benches(quick: bool) -> bool {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(root())
+        .env("CRITERION_HOME", criterion_home())
+        .args(["bench", "-p", "alloc-core", "--bench", "pairs", "--", "--noplot"]);
+    if quick {
+        cmd.args(["--warm-up-time", "0.3", "--measurement-time", "1"]);
+    }
+    // Criterion's own report goes to stderr so stdout stays machine-readable with --json.
+    cmd.stdout(std::process::Stdio::from(std::io::stderr()));
+    matches!(cmd.status(), Ok(s) if s.success())
+}
+
+fn cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    let core16 = median_ns("core_hit/16");
+    for n in BLOCKS {
+        let Some(ns) = median_ns(&format!("core_hit/{n}")) else { continue };
+        let bestfit = median_ns(&format!("bestfit_hit/{n}"));
+        out.push(Case {
+            name: "core_hit",
+            blocks: Some(n),
+            ns,
+            baseline: bestfit.map(|_| format!("bestfit_hit/{n}")),
+            baseline_ns: bestfit,
+            target: (n == 256).then_some(1.5),
+        });
+        if let Some(tlsf) = median_ns(&format!("offset_allocator/{n}")) {
+            out.push(Case {
+                name: "core_hit_vs_offset_allocator",
+                blocks: Some(n),
+                ns,
+                baseline: Some(format!("offset_allocator/{n}")),
+                baseline_ns: Some(tlsf),
+                target: None,
+            });
+        }
+        if n != 16 {
+            out.push(Case {
+                name: "core_hit_scaling",
+                blocks: Some(n),
+                ns,
+                baseline: core16.map(|_| "core_hit/16".into()),
+                baseline_ns: core16,
+                target: (n == 65536).then_some(2.0),
+            });
+        }
+    }
+    for name in ["core_split_merge", "core_miss"] {
+        if let Some(ns) = median_ns(name) {
+            out.push(Case {
+                name,
+                blocks: None,
+                ns,
+                baseline: core16.map(|_| "core_hit/16".into()),
+                baseline_ns: core16,
+                target: None,
+            });
+        }
+    }
+    if let Some(ns) = median_ns("runtime_hit") {
+        out.push(Case {
+            name: "runtime_hit",
+            blocks: Some(16),
+            ns,
+            baseline: core16.map(|_| "core_hit/16".into()),
+            baseline_ns: core16,
+            target: Some(1.3),
+        });
+    }
+    if let Some(total) = median_ns("replay/200000") {
+        // Per operation, against the 10 million operations per second target (100 ns).
+        out.push(Case {
+            name: "replay_per_op",
+            blocks: None,
+            ns: total / REPLAY_OPS,
+            baseline: Some("10M ops/s".into()),
+            baseline_ns: Some(100.0),
+            target: Some(1.0),
+        });
+    }
+    out
+}
+
+fn print_table(cases: &[Case]) {
+    println!("{:<30} {:>7} {:>10} {:<24} {:>10} {:>7} {:>7}", "case", "blocks", "ns", "baseline", "base ns", "ratio", "target");
+    for c in cases {
+        let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
+        println!(
+            "{:<30} {:>7} {:>10.1} {:<24} {:>10} {:>7} {:>7}",
+            c.name,
+            c.blocks.map_or("-".into(), |b| b.to_string()),
+            c.ns,
+            c.baseline.as_deref().unwrap_or("-"),
+            opt(c.baseline_ns, 1),
+            opt(c.ratio(), 3),
+            c.target.map_or("-".into(), |t| format!("≤{t}")),
+        );
+    }
+}
+
+/// Peak reserved and requested, device calls, for each shipped trace under two configs.
+fn fragmentation(json: bool) {
+    let dir = root().join("crates/testkit/traces");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "trace"));
+    files.sort();
+    if !json {
+        println!();
+        println!("{:<22} {:<26} {:>12} {:>12} {:>7} {:>8} {:>7}", "trace", "config", "peak resv", "peak req", "ratio", "mallocs", "frees");
+    }
+    for file in files {
+        let Ok(trace) = testkit::trace::load(&file) else { continue };
+        let name = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        for extra in ["", "expandable_segments:True"] {
+            let base = trace.conf.clone().unwrap_or_default();
+            let text = match (base.is_empty(), extra.is_empty()) {
+                (_, true) => base.clone(),
+                (true, false) => extra.to_string(),
+                (false, false) => format!("{base},{extra}"),
+            };
+            let conf = alloc_conf::parse(&text).conf;
+            let setup = testkit::Setup::from_trace(&trace, conf, None, None);
+            let Ok(r) = testkit::replay(&trace, &setup) else { continue };
+            let ratio = r.device_peak_bytes as f64 / r.peak_requested_bytes.max(1) as f64;
+            let label = if text.is_empty() { "(defaults)".to_string() } else { text.clone() };
+            let fallback = !r.notices.is_empty();
+            if json {
+                println!(
+                    "{}",
+                    json!({"trace": name, "config": label, "peak_reserved": r.device_peak_bytes,
+                           "peak_requested": r.peak_requested_bytes, "ratio": (ratio * 1000.0).round() / 1000.0,
+                           "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
+                           "notes": r.notices.iter().map(|n| n.to_string()).collect::<Vec<_>>()})
+                );
+            } else {
+                println!(
+                    "{:<22} {:<26} {:>12} {:>12} {:>7.3} {:>8} {:>7}{}",
+                    name,
+                    label,
+                    FormatSize(r.device_peak_bytes).to_string(),
+                    FormatSize(r.peak_requested_bytes).to_string(),
+                    ratio,
+                    r.device_mallocs,
+                    r.device_frees,
+                    if fallback { "  (expandable segments not implemented yet: ran as False)" } else { "" }
+                );
+            }
+        }
+    }
+}
+
+/// Runs `cargo xtask bench`.
+pub(crate) fn run(args: Args) -> ExitCode {
+    if !run_benches(args.quick) {
+        eprintln!("cargo bench failed");
+        return ExitCode::FAILURE;
+    }
+    let cases = cases();
+    if args.json {
+        for c in &cases {
+            println!("{}", c.json());
+        }
+    } else {
+        print_table(&cases);
+    }
+    fragmentation(args.json);
+    ExitCode::SUCCESS
+}
