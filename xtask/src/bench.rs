@@ -58,19 +58,29 @@ fn round(x: f64) -> f64 {
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives in the workspace")
+        .to_path_buf()
 }
 
 /// Where criterion writes its estimates.
 fn criterion_home() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
     target.join("criterion")
 }
 
 /// The median time in ns of a criterion benchmark, if it ran.
 fn median_ns(id: &str) -> Option<f64> {
-    let path = criterion_home().join(id.replace('/', "_")).join("new/estimates.json");
-    let path = if path.exists() { path } else { criterion_home().join(id).join("new/estimates.json") };
+    let path = criterion_home()
+        .join(id.replace('/', "_"))
+        .join("new/estimates.json");
+    let path = if path.exists() {
+        path
+    } else {
+        criterion_home().join(id).join("new/estimates.json")
+    };
     let text = std::fs::read_to_string(path).ok()?;
     let value: Value = serde_json::from_str(&text).ok()?;
     value["median"]["point_estimate"].as_f64()
@@ -81,7 +91,15 @@ fn run_benches(quick: bool) -> bool {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root())
         .env("CRITERION_HOME", criterion_home())
-        .args(["bench", "-p", "alloc-core", "--bench", "pairs", "--", "--noplot"]);
+        .args([
+            "bench",
+            "-p",
+            "alloc-core",
+            "--bench",
+            "pairs",
+            "--",
+            "--noplot",
+        ]);
     if quick {
         cmd.args(["--warm-up-time", "0.3", "--measurement-time", "1"]);
     }
@@ -94,7 +112,9 @@ fn cases() -> Vec<Case> {
     let mut out = Vec::new();
     let core16 = median_ns("core_hit/16");
     for n in BLOCKS {
-        let Some(ns) = median_ns(&format!("core_hit/{n}")) else { continue };
+        let Some(ns) = median_ns(&format!("core_hit/{n}")) else {
+            continue;
+        };
         let bestfit = median_ns(&format!("bestfit_hit/{n}"));
         out.push(Case {
             name: "core_hit",
@@ -162,7 +182,10 @@ fn cases() -> Vec<Case> {
 }
 
 fn print_table(cases: &[Case]) {
-    println!("{:<30} {:>7} {:>10} {:<24} {:>10} {:>7} {:>7}", "case", "blocks", "ns", "baseline", "base ns", "ratio", "target");
+    println!(
+        "{:<30} {:>7} {:>10} {:<24} {:>10} {:>7} {:>7}",
+        "case", "blocks", "ns", "baseline", "base ns", "ratio", "target"
+    );
     for c in cases {
         let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
         println!(
@@ -188,11 +211,19 @@ fn fragmentation(json: bool) {
     files.sort();
     if !json {
         println!();
-        println!("{:<22} {:<26} {:>12} {:>12} {:>7} {:>8} {:>7}", "trace", "config", "peak resv", "peak req", "ratio", "mallocs", "frees");
+        println!(
+            "{:<22} {:<26} {:>12} {:>12} {:>7} {:>8} {:>7}",
+            "trace", "config", "peak resv", "peak req", "ratio", "mallocs", "frees"
+        );
     }
     for file in files {
-        let Ok(trace) = testkit::trace::load(&file) else { continue };
-        let name = file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let Ok(trace) = testkit::trace::load(&file) else {
+            continue;
+        };
+        let name = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         for extra in ["", "expandable_segments:True"] {
             let base = trace.conf.clone().unwrap_or_default();
             let text = match (base.is_empty(), extra.is_empty()) {
@@ -202,9 +233,15 @@ fn fragmentation(json: bool) {
             };
             let conf = alloc_conf::parse(&text).conf;
             let setup = testkit::Setup::from_trace(&trace, conf, None, None);
-            let Ok(r) = testkit::replay(&trace, &setup) else { continue };
+            let Ok(r) = testkit::replay(&trace, &setup) else {
+                continue;
+            };
             let ratio = r.device_peak_bytes as f64 / r.peak_requested_bytes.max(1) as f64;
-            let label = if text.is_empty() { "(defaults)".to_string() } else { text.clone() };
+            let label = if text.is_empty() {
+                "(defaults)".to_string()
+            } else {
+                text.clone()
+            };
             let fallback = !r.notices.is_empty();
             if json {
                 println!(
@@ -224,7 +261,11 @@ fn fragmentation(json: bool) {
                     ratio,
                     r.device_mallocs,
                     r.device_frees,
-                    if fallback { "  (expandable segments not implemented yet: ran as False)" } else { "" }
+                    if fallback {
+                        "  (expandable segments not implemented yet: ran as False)"
+                    } else {
+                        ""
+                    }
                 );
             }
         }

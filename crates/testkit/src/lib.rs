@@ -11,6 +11,7 @@ pub mod replay;
 pub mod sim_device;
 pub mod size;
 pub mod trace;
+pub mod workload;
 
 pub use check::{Inconsistency, check_consistency};
 pub use fault::{DeviceCall, Fault};

@@ -90,8 +90,12 @@ pub struct ReplayReport {
     pub device_mallocs: u64,
     /// Device frees.
     pub device_frees: u64,
-    /// The largest number of bytes the device had handed out at once, over the whole replay.
+    /// The largest number of bytes the device had handed out at once, over the whole replay
+    /// (peak reserved, unaffected by `reset_peak`).
     pub device_peak_bytes: u64,
+    /// The largest `requested_bytes.all.current` over the whole replay (unaffected by
+    /// `reset_peak`).
+    pub peak_requested_bytes: u64,
     /// Things the allocator reported (e.g. unsupported expandable segments).
     pub notices: Vec<Notice>,
     /// The setup the replay ran with.
@@ -161,6 +165,7 @@ pub fn replay(trace: &Trace, setup: &Setup) -> Result<ReplayReport, ReplayError>
     let mut counts = OpCounts::default();
     let mut records = Vec::new();
     let mut last_line = 0;
+    let mut peak_requested = 0;
     for op in &trace.ops {
         let line = op.line;
         last_line = line;
@@ -169,7 +174,11 @@ pub fn replay(trace: &Trace, setup: &Setup) -> Result<ReplayReport, ReplayError>
             OpKind::Alloc { id, size, stream } => {
                 counts.allocs += 1;
                 slots[id.index()] = match alloc.malloc(*size, StreamId(*stream)) {
-                    Ok(addr) => Slot::Live(addr),
+                    Ok(addr) => {
+                        let requested = alloc.stats().requested_bytes.all.current as u64;
+                        peak_requested = peak_requested.max(requested);
+                        Slot::Live(addr)
+                    }
                     Err(AllocError::OutOfMemory(_)) => {
                         counts.ooms += 1;
                         Slot::Failed
@@ -229,6 +238,7 @@ pub fn replay(trace: &Trace, setup: &Setup) -> Result<ReplayReport, ReplayError>
         device_mallocs: device.successful_mallocs(),
         device_frees: device.frees(),
         device_peak_bytes: device.peak_outstanding_bytes(),
+        peak_requested_bytes: peak_requested,
         notices: alloc.notices().to_vec(),
         setup: setup.clone(),
     })

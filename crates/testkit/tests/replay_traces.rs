@@ -102,6 +102,13 @@ fn gpt2_step_reserves_no_more_than_pytorch() {
     assert_eq!(get(&r, "end", "segment.all.current"), 240);
     assert_eq!(get(&r, "end", "num_ooms"), 0);
     assert_eq!((r.counts.allocs, r.counts.frees), (1950, 1721));
+    // Whole-run peaks (the trace resets peaks once): requested 12.97 GiB as torch measured.
+    assert_eq!(r.device_peak_bytes as i64, peak);
+    assert_eq!(r.peak_requested_bytes, 13_923_997_700);
+    assert_eq!(
+        alloc_core::FormatSize(r.peak_requested_bytes).to_string(),
+        "12.97 GiB"
+    );
     // With torch_npu's 32-byte pad every request takes up to 512 bytes more.
     let padded = run("gpt2_step", None);
     assert_eq!(
