@@ -218,8 +218,7 @@ impl<D: Device> Allocator<D> {
         if gc {
             pool.lookups += 1;
         }
-        let (key, id) = pool.best_fit(req.stream, req.size)?;
-        let candidate = key.1;
+        let (candidate, id) = pool.best_fit(req.stream, req.size)?;
         if let Some(max_split) = self.conf.max_split_size {
             // Rule A: a request below max_split never takes an oversize block.
             if req.size < max_split && candidate >= max_split {
@@ -231,7 +230,7 @@ impl<D: Device> Allocator<D> {
                 return None;
             }
         }
-        pool.free.remove(&key);
+        pool.remove(&self.blocks, id);
         Some(id)
     }
 

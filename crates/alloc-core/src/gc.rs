@@ -62,7 +62,7 @@ impl<D: Device> Allocator<D> {
         let pool = &self.pools[pool_index(PoolKind::Large)];
         let mut total_age = 0.0f64;
         let mut candidates = 0u64;
-        for &id in pool.free.values() {
+        for id in pool.iter() {
             if !self.blocks[id].is_split() {
                 total_age += pool.age(&self.blocks, id) as f64;
                 candidates += 1;
@@ -80,9 +80,7 @@ impl<D: Device> Allocator<D> {
             // A whole pass in pool order; it is not cut short once the target is met.
             let pool = &self.pools[pool_index(PoolKind::Large)];
             let old: Vec<_> = pool
-                .free
-                .values()
-                .copied()
+                .iter()
                 .filter(|&id| !self.blocks[id].is_split())
                 .map(|id| (id, pool.age(&self.blocks, id)))
                 .filter(|&(_, age)| age as f64 >= threshold)

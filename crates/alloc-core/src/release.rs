@@ -62,10 +62,8 @@ impl<D: Device> Allocator<D> {
         // split by the default rules, but with `page_size:1g` a split remainder can be ≥
         // max_split; freeing it would free part of a segment, so such blocks are passed over.
         let covering = pool
-            .free
-            .range((req.stream, key, 0)..)
-            .take_while(|(k, _)| k.0 == req.stream)
-            .map(|(_, &id)| id)
+            .at_least(req.stream, key)
+            .map(|(_, id)| id)
             .find(|&id| !self.blocks[id].is_split());
         if let Some(id) = covering {
             self.release_segments(&[id])?;
@@ -74,8 +72,8 @@ impl<D: Device> Allocator<D> {
         // Walk down from the largest block below `key` on this stream.
         let mut chosen = Vec::new();
         let mut released = 0;
-        for (&(stream, size, _), &id) in pool.free.range(..(req.stream, key, 0)).rev() {
-            if released >= key || size < max_split || stream != req.stream {
+        for (size, id) in pool.below_desc(req.stream, key) {
+            if released >= key || size < max_split {
                 break;
             }
             // Skip split blocks rather than free part of a segment (see above).
@@ -94,9 +92,7 @@ impl<D: Device> Allocator<D> {
         self.synchronize_and_free_events()?;
         for pool in [PoolKind::Large, PoolKind::Small] {
             let whole: Vec<BlockId> = self.pools[pool_index(pool)]
-                .free
-                .values()
-                .copied()
+                .iter()
                 .filter(|&id| !self.blocks[id].is_split())
                 .collect();
             // The device was just synchronized; no second synchronization is needed.
