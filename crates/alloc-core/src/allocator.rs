@@ -110,6 +110,9 @@ pub struct Allocator<D: Device> {
     /// The per-process limit; `None` when the fraction is 1.
     pub(crate) allowed: Option<u64>,
     pub(crate) total_memory: Option<u64>,
+    /// The GC limit in bytes while GC is on; recomputed whenever the fraction changes, because
+    /// every pool lookup asks whether GC is on.
+    pub(crate) gc_limit: Option<u64>,
     notices: Vec<Notice>,
 }
 
@@ -148,7 +151,7 @@ impl<D: Device> Allocator<D> {
             max_split_size: conf.max_split_size,
             ..DeviceStats::default()
         };
-        Allocator {
+        let mut allocator = Allocator {
             device,
             conf,
             facts,
@@ -161,8 +164,11 @@ impl<D: Device> Allocator<D> {
             total_allocated: 0,
             allowed,
             total_memory,
+            gc_limit: None,
             notices,
-        }
+        };
+        allocator.update_gc_limit();
+        allocator
     }
 
     /// Allocates `size` bytes for use on `stream`. Returns the address, or 0 for a zero-size request
@@ -292,9 +298,18 @@ impl<D: Device> Allocator<D> {
         if addr == 0 {
             return Ok(());
         }
-        let id = self.live_block(addr)?;
-        let recorded = self.record_free_events(id).map_err(FreeError::Device)?;
-        self.live.remove(&addr);
+        // One hash operation on the hot path: take the block out of the live map first and put
+        // it back in the rare case that recording its stream events fails.
+        let Some(id) = self.live.remove(&addr) else {
+            return Err(self.pointer_error(addr));
+        };
+        let recorded = match self.record_free_events(id) {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                self.live.insert(addr, id);
+                return Err(FreeError::Device(e));
+            }
+        };
         let block = &mut self.blocks[id];
         block.allocated = false;
         let (pool, size) = (block.pool, block.size);
@@ -328,19 +343,24 @@ impl<D: Device> Allocator<D> {
 
     /// The live block at `addr`, or why there is none.
     fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {
-        if let Some(&id) = self.live.get(&addr) {
-            return Ok(id);
-        }
+        self.live
+            .get(&addr)
+            .copied()
+            .ok_or_else(|| self.pointer_error(addr))
+    }
+
+    /// Why `addr` is not a live allocation: it lies inside one of our segments, or it is foreign.
+    fn pointer_error(&self, addr: u64) -> FreeError<D::Error> {
         let inside = self
             .segments
             .range(..=addr)
             .next_back()
             .is_some_and(|(_, &head)| addr < self.segment_end(head));
-        Err(if inside {
+        if inside {
             FreeError::NotAllocated { addr }
         } else {
             FreeError::ForeignPointer { addr }
-        })
+        }
     }
 
     /// One past the last byte of the segment whose first block is `head`.
@@ -365,12 +385,13 @@ impl<D: Device> Allocator<D> {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(FractionError::OutOfRange(fraction));
         }
-        if fraction == 1.0 {
-            self.allowed = None;
-            return Ok(());
-        }
-        let total = self.total_memory.ok_or(FractionError::TotalUnknown)?;
-        self.allowed = Some((fraction * total as f64) as u64);
+        self.allowed = if fraction == 1.0 {
+            None
+        } else {
+            let total = self.total_memory.ok_or(FractionError::TotalUnknown)?;
+            Some((fraction * total as f64) as u64)
+        };
+        self.update_gc_limit();
         Ok(())
     }
 

@@ -47,12 +47,20 @@ impl<D: Device> Allocator<D> {
 
     /// Whether lookups tick the GC clock and misses run GC.
     pub(crate) fn gc_enabled(&self) -> bool {
-        matches!(self.gc_status(), GcStatus::On { .. })
+        self.gc_limit.is_some()
+    }
+
+    /// Recomputes the cached GC limit after the fraction changed.
+    pub(crate) fn update_gc_limit(&mut self) {
+        self.gc_limit = match self.gc_status() {
+            GcStatus::On { limit } => Some(limit),
+            GcStatus::Off | GcStatus::Unavailable => None,
+        };
     }
 
     /// torch's `garbage_collect_cached_blocks`.
     pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), D::Error> {
-        let GcStatus::On { limit } = self.gc_status() else {
+        let Some(limit) = self.gc_limit else {
             return Ok(());
         };
         if self.total_allocated <= limit {
