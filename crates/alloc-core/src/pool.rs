@@ -2,9 +2,12 @@
 //!
 //! torch keeps one `std::set` ordered by (stream, size, address): the first entry at or after
 //! (stream, size, 0) is the smallest free block on the same stream that fits, lowest address
-//! first. Blocks are never reused across streams, so here each stream has its own ordered map
-//! keyed by (size, address) packed into one `u128`: the same order, half the key size and one
-//! integer comparison per step. Streams are few, so they live in a short sorted `Vec`.
+//! first. Blocks are never reused across streams, so here each stream has its own index, and
+//! within a stream the blocks are spread over size classes (TLSF-style: 8 classes per power of
+//! two of 512-byte units), each an ordered map keyed by (size, address) packed into one `u128`,
+//! with a bitmap of non-empty classes. Classes are monotone in size, so walking the classes in
+//! order and each map in order is exactly torch's order; but each map stays small, so a lookup is
+//! a bitmap scan plus a search in a node or two instead of a walk down one deep tree.
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
@@ -21,8 +24,117 @@ fn size_of(key: u128) -> u64 {
     (key >> 64) as u64
 }
 
-/// The free blocks of one stream, by (size, address).
-type StreamBlocks = BTreeMap<u128, BlockId>;
+/// Number of size classes: 8 below 4 KiB, then 8 per power of two up to 2^64 bytes.
+const CLASSES: usize = 8 + 52 * 8;
+const WORDS: usize = CLASSES.div_ceil(64);
+
+/// The size class of a block size: monotone, so class order agrees with size order.
+fn class(size: u64) -> usize {
+    let units = size >> 9;
+    if units < 8 {
+        return units as usize;
+    }
+    let exp = 63 - units.leading_zeros() as usize;
+    let mantissa = ((units >> (exp - 3)) & 7) as usize;
+    8 + (exp - 3) * 8 + mantissa
+}
+
+/// The free blocks of one stream, binned by size class.
+#[derive(Debug)]
+struct StreamBlocks {
+    bins: Vec<BTreeMap<u128, BlockId>>,
+    occupied: [u64; WORDS],
+}
+
+impl Default for StreamBlocks {
+    fn default() -> Self {
+        StreamBlocks {
+            bins: (0..CLASSES).map(|_| BTreeMap::new()).collect(),
+            occupied: [0; WORDS],
+        }
+    }
+}
+
+impl StreamBlocks {
+    fn insert(&mut self, k: u128, id: BlockId) {
+        let c = class(size_of(k));
+        self.bins[c].insert(k, id);
+        self.occupied[c / 64] |= 1 << (c % 64);
+    }
+
+    fn remove(&mut self, k: u128) -> bool {
+        let c = class(size_of(k));
+        let removed = self.bins[c].remove(&k).is_some();
+        if self.bins[c].is_empty() {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
+        removed
+    }
+
+    /// The first non-empty class at or after `from`.
+    fn next_class(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        if word >= WORDS {
+            return None;
+        }
+        let mut bits = self.occupied[word] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word == WORDS {
+                return None;
+            }
+            bits = self.occupied[word];
+        }
+    }
+
+    /// Non-empty classes in ascending order within `range`.
+    fn classes(
+        &self,
+        range: core::ops::Range<usize>,
+    ) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        range.filter(|&c| self.occupied[c / 64] & (1 << (c % 64)) != 0)
+    }
+
+    /// The first entry with key ≥ `k`.
+    fn first_from(&self, k: u128) -> Option<(u128, BlockId)> {
+        let c = class(size_of(k));
+        if let Some((&found, &id)) = self.bins[c].range(k..).next() {
+            return Some((found, id));
+        }
+        let next = self.next_class(c + 1)?;
+        self.bins[next]
+            .first_key_value()
+            .map(|(&found, &id)| (found, id))
+    }
+
+    /// Entries with key ≥ `k`, ascending.
+    fn from(&self, k: u128) -> impl Iterator<Item = (&u128, &BlockId)> + '_ {
+        let c = class(size_of(k));
+        self.bins[c].range(k..).chain(
+            self.classes(c + 1..CLASSES)
+                .flat_map(|c| self.bins[c].iter()),
+        )
+    }
+
+    /// Entries with key < `k`, descending.
+    fn below_desc(&self, k: u128) -> impl Iterator<Item = (&u128, &BlockId)> + '_ {
+        let c = class(size_of(k));
+        self.bins[c].range(..k).rev().chain(
+            self.classes(0..c)
+                .rev()
+                .flat_map(|c| self.bins[c].iter().rev()),
+        )
+    }
+
+    /// All entries, ascending.
+    fn values(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.classes(0..CLASSES)
+            .flat_map(|c| self.bins[c].values().copied())
+    }
+}
 
 /// The free blocks of one pool and its lookup counter (the clock of GC ages).
 #[derive(Debug, Default)]
@@ -46,7 +158,7 @@ impl BlockPool {
             Some(i) => i,
             None => {
                 let i = self.streams.partition_point(|(s, _)| *s < stream);
-                self.streams.insert(i, (stream, BTreeMap::new()));
+                self.streams.insert(i, (stream, StreamBlocks::default()));
                 i
             }
         };
@@ -68,12 +180,12 @@ impl BlockPool {
         self.streams
             .iter_mut()
             .find(|(s, _)| *s == b.stream)
-            .is_some_and(|(_, m)| m.remove(&k).is_some())
+            .is_some_and(|(_, m)| m.remove(k))
     }
 
     /// The smallest free block on `stream` at least `size` bytes large: (its size, its id).
     pub(crate) fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
-        let (&k, &id) = self.stream(stream)?.range(key(size, 0)..).next()?;
+        let (k, id) = self.stream(stream)?.first_from(key(size, 0))?;
         Some((size_of(k), id))
     }
 
@@ -85,7 +197,7 @@ impl BlockPool {
     ) -> impl Iterator<Item = (u64, BlockId)> + '_ {
         self.stream(stream)
             .into_iter()
-            .flat_map(move |m| m.range(key(size, 0)..))
+            .flat_map(move |m| m.from(key(size, 0)))
             .map(|(&k, &id)| (size_of(k), id))
     }
 
@@ -97,17 +209,55 @@ impl BlockPool {
     ) -> impl Iterator<Item = (u64, BlockId)> + '_ {
         self.stream(stream)
             .into_iter()
-            .flat_map(move |m| m.range(..key(size, 0)).rev())
+            .flat_map(move |m| m.below_desc(key(size, 0)))
             .map(|(&k, &id)| (size_of(k), id))
     }
 
     /// Every free block in torch's pool order: (stream, size, address).
     pub(crate) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.streams.iter().flat_map(|(_, m)| m.values().copied())
+        self.streams.iter().flat_map(|(_, m)| m.values())
     }
 
     /// GC age of a free block: lookups on this pool since it entered the pool.
     pub(crate) fn age(&self, blocks: &Blocks, id: BlockId) -> u64 {
         self.lookups - blocks[id].gc_base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotone_and_in_range() {
+        let mut sizes: Vec<u64> = (0..1u64 << 16)
+            .map(|i| i * 512)
+            .chain((9..64).flat_map(|e| [(1u64 << e) - 512, 1u64 << e, (1u64 << e) + 512]))
+            .chain([u64::MAX])
+            .collect();
+        sizes.sort_unstable();
+        for w in sizes.windows(2) {
+            assert!(class(w[0]) <= class(w[1]), "{} {}", w[0], w[1]);
+            assert!(class(w[1]) < CLASSES);
+        }
+        for w in [
+            512u64,
+            1024,
+            4096,
+            4608,
+            1 << 20,
+            (1 << 20) + 512,
+            20 << 20,
+            1 << 40,
+        ]
+        .windows(2)
+        {
+            assert!(class(w[0]) <= class(w[1]));
+        }
+        assert_eq!(class(512), 1);
+        assert_eq!(class(4096), 8);
+        assert_eq!(class(4096 + 512), 9);
+        assert_eq!(class(8192), 16);
+        assert_eq!(class(u64::MAX), CLASSES - 1);
     }
 }
