@@ -56,6 +56,7 @@ pub struct AllocConf {
 impl AllocConf {
     /// The `roundup_power2_divisions` value for a byte size: bucket
     /// `clamp(floor(log2(size)) - 20, 0, 15)`, so sizes below 1 MiB share bucket 0.
+    #[inline]
     pub fn roundup_divisions(&self, size: u64) -> u32 {
         let log2 = size.max(1).ilog2() as usize;
         self.roundup_power2_divisions[log2.saturating_sub(20).min(ROUNDUP_BUCKETS - 1)]

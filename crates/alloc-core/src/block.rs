@@ -59,11 +59,13 @@ impl Block {
     }
 
     /// Whether the block shares its segment with other blocks (torch's `is_split`).
+    #[inline]
     pub(crate) fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()
     }
 
     /// Whether the block is free and waits on nothing, so it may merge or be reused.
+    #[inline]
     pub(crate) fn is_idle(&self) -> bool {
         !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
     }
@@ -78,6 +80,7 @@ pub(crate) struct Blocks {
 
 impl Blocks {
     /// Stores a block and returns its id.
+    #[inline]
     pub(crate) fn insert(&mut self, block: Block) -> BlockId {
         if let Some(i) = self.vacant.pop() {
             self.slots[i as usize] = block;
@@ -90,6 +93,7 @@ impl Blocks {
     }
 
     /// Frees the slot of a block that is no longer linked anywhere.
+    #[inline]
     pub(crate) fn remove(&mut self, id: BlockId) {
         self.slots[id.0 as usize].stream_uses = Vec::new();
         self.vacant.push(id.0);
@@ -98,12 +102,14 @@ impl Blocks {
 
 impl core::ops::Index<BlockId> for Blocks {
     type Output = Block;
+    #[inline]
     fn index(&self, id: BlockId) -> &Block {
         &self.slots[id.0 as usize]
     }
 }
 
 impl core::ops::IndexMut<BlockId> for Blocks {
+    #[inline]
     fn index_mut(&mut self, id: BlockId) -> &mut Block {
         &mut self.slots[id.0 as usize]
     }

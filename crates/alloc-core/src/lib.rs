@@ -13,6 +13,7 @@ extern crate alloc;
 extern crate std;
 
 mod allocator;
+mod bin;
 mod block;
 mod device;
 mod error;

@@ -9,17 +9,19 @@
 //! order and each map in order is exactly torch's order; but each map stays small, so a lookup is
 //! a bitmap scan plus a search in a node or two instead of a walk down one deep tree.
 
-use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
+use crate::bin::Bin;
 use crate::block::{BlockId, Blocks};
 use crate::device::StreamId;
 
 /// (size, address) packed so that integer order is (size, address) order.
+#[inline]
 fn key(size: u64, addr: u64) -> u128 {
     (u128::from(size) << 64) | u128::from(addr)
 }
 
+#[inline]
 fn size_of(key: u128) -> u64 {
     (key >> 64) as u64
 }
@@ -29,6 +31,7 @@ const CLASSES: usize = 8 + 52 * 8;
 const WORDS: usize = CLASSES.div_ceil(64);
 
 /// The size class of a block size: monotone, so class order agrees with size order.
+#[inline]
 fn class(size: u64) -> usize {
     let units = size >> 9;
     if units < 8 {
@@ -42,29 +45,31 @@ fn class(size: u64) -> usize {
 /// The free blocks of one stream, binned by size class.
 #[derive(Debug)]
 struct StreamBlocks {
-    bins: Vec<BTreeMap<u128, BlockId>>,
+    bins: Vec<Bin>,
     occupied: [u64; WORDS],
 }
 
 impl Default for StreamBlocks {
     fn default() -> Self {
         StreamBlocks {
-            bins: (0..CLASSES).map(|_| BTreeMap::new()).collect(),
+            bins: (0..CLASSES).map(|_| Bin::default()).collect(),
             occupied: [0; WORDS],
         }
     }
 }
 
 impl StreamBlocks {
+    #[inline]
     fn insert(&mut self, k: u128, id: BlockId) {
         let c = class(size_of(k));
         self.bins[c].insert(k, id);
         self.occupied[c / 64] |= 1 << (c % 64);
     }
 
+    #[inline]
     fn remove(&mut self, k: u128) -> bool {
         let c = class(size_of(k));
-        let removed = self.bins[c].remove(&k).is_some();
+        let removed = self.bins[c].remove(k);
         if self.bins[c].is_empty() {
             self.occupied[c / 64] &= !(1 << (c % 64));
         }
@@ -72,6 +77,7 @@ impl StreamBlocks {
     }
 
     /// The first non-empty class at or after `from`.
+    #[inline]
     fn next_class(&self, from: usize) -> Option<usize> {
         let mut word = from / 64;
         if word >= WORDS {
@@ -99,40 +105,39 @@ impl StreamBlocks {
     }
 
     /// The first entry with key ≥ `k`.
+    #[inline]
     fn first_from(&self, k: u128) -> Option<(u128, BlockId)> {
         let c = class(size_of(k));
-        if let Some((&found, &id)) = self.bins[c].range(k..).next() {
-            return Some((found, id));
+        if let Some(found) = self.bins[c].first_from(k) {
+            return Some(found);
         }
         let next = self.next_class(c + 1)?;
-        self.bins[next]
-            .first_key_value()
-            .map(|(&found, &id)| (found, id))
+        self.bins[next].range(..).next()
     }
 
     /// Entries with key ≥ `k`, ascending.
-    fn from(&self, k: u128) -> impl Iterator<Item = (&u128, &BlockId)> + '_ {
+    fn from(&self, k: u128) -> impl Iterator<Item = (u128, BlockId)> + '_ {
         let c = class(size_of(k));
         self.bins[c].range(k..).chain(
             self.classes(c + 1..CLASSES)
-                .flat_map(|c| self.bins[c].iter()),
+                .flat_map(|c| self.bins[c].range(..)),
         )
     }
 
     /// Entries with key < `k`, descending.
-    fn below_desc(&self, k: u128) -> impl Iterator<Item = (&u128, &BlockId)> + '_ {
+    fn below_desc(&self, k: u128) -> impl Iterator<Item = (u128, BlockId)> + '_ {
         let c = class(size_of(k));
         self.bins[c].range(..k).rev().chain(
             self.classes(0..c)
                 .rev()
-                .flat_map(|c| self.bins[c].iter().rev()),
+                .flat_map(|c| self.bins[c].range(..).rev()),
         )
     }
 
     /// All entries, ascending.
     fn values(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.classes(0..CLASSES)
-            .flat_map(|c| self.bins[c].values().copied())
+            .flat_map(|c| self.bins[c].range(..).map(|(_, id)| id))
     }
 }
 
@@ -146,6 +151,7 @@ pub(crate) struct BlockPool {
 }
 
 impl BlockPool {
+    #[inline]
     fn stream(&self, stream: StreamId) -> Option<&StreamBlocks> {
         self.streams
             .iter()
@@ -153,6 +159,7 @@ impl BlockPool {
             .map(|(_, m)| m)
     }
 
+    #[inline]
     fn stream_mut(&mut self, stream: StreamId) -> &mut StreamBlocks {
         let i = match self.streams.iter().position(|(s, _)| *s == stream) {
             Some(i) => i,
@@ -166,6 +173,7 @@ impl BlockPool {
     }
 
     /// Puts a free block into the pool and starts its GC age.
+    #[inline]
     pub(crate) fn insert(&mut self, blocks: &mut Blocks, id: BlockId) {
         let block = &mut blocks[id];
         block.gc_base = self.lookups;
@@ -174,6 +182,7 @@ impl BlockPool {
     }
 
     /// Takes a block out of the pool; returns whether it was there.
+    #[inline]
     pub(crate) fn remove(&mut self, blocks: &Blocks, id: BlockId) -> bool {
         let b = &blocks[id];
         let k = key(b.size, b.addr);
@@ -184,6 +193,7 @@ impl BlockPool {
     }
 
     /// The smallest free block on `stream` at least `size` bytes large: (its size, its id).
+    #[inline]
     pub(crate) fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
         let (k, id) = self.stream(stream)?.first_from(key(size, 0))?;
         Some((size_of(k), id))
@@ -198,7 +208,7 @@ impl BlockPool {
         self.stream(stream)
             .into_iter()
             .flat_map(move |m| m.from(key(size, 0)))
-            .map(|(&k, &id)| (size_of(k), id))
+            .map(|(k, id)| (size_of(k), id))
     }
 
     /// Free blocks on `stream` smaller than `size` bytes, largest first.
@@ -210,7 +220,7 @@ impl BlockPool {
         self.stream(stream)
             .into_iter()
             .flat_map(move |m| m.below_desc(key(size, 0)))
-            .map(|(&k, &id)| (size_of(k), id))
+            .map(|(k, id)| (size_of(k), id))
     }
 
     /// Every free block in torch's pool order: (stream, size, address).
@@ -219,6 +229,7 @@ impl BlockPool {
     }
 
     /// GC age of a free block: lookups on this pool since it entered the pool.
+    #[inline]
     pub(crate) fn age(&self, blocks: &Blocks, id: BlockId) -> u64 {
         self.lookups - blocks[id].gc_base
     }

@@ -27,6 +27,7 @@ pub enum PoolKind {
 
 impl PoolKind {
     /// The pool for a rounded size.
+    #[inline]
     pub fn for_size(rounded: u64) -> PoolKind {
         if rounded <= SMALL_SIZE {
             PoolKind::Small
@@ -47,6 +48,7 @@ impl PoolKind {
 /// Rounds `size` up to the next power-of-two division with `divisions` steps per power of two.
 ///
 /// A power of two is returned unchanged. torch's source example: `(1200, 4)` gives 1280.
+#[inline]
 pub fn roundup_power2_next_division(size: u64, divisions: u32) -> u64 {
     if size.is_power_of_two() || divisions < 2 {
         return size;
@@ -62,6 +64,7 @@ pub fn roundup_power2_next_division(size: u64, divisions: u32) -> u64 {
 
 /// torch's `round_size`: 512-byte minimum and multiples, or power-of-two divisions where the
 /// `roundup_power2_divisions` bucket of the size asks for them. `size` already includes any pad.
+#[inline]
 pub fn round_size(size: u64, conf: &AllocConf) -> u64 {
     if size < MIN_BLOCK_SIZE {
         return MIN_BLOCK_SIZE;
@@ -75,6 +78,7 @@ pub fn round_size(size: u64, conf: &AllocConf) -> u64 {
 }
 
 /// torch's `get_allocation_size`: the segment to request from the device for a rounded size.
+#[inline]
 pub fn allocation_size(rounded: u64, conf: &AllocConf) -> u64 {
     if rounded <= SMALL_SIZE {
         SMALL_BUFFER

@@ -10,6 +10,7 @@ use crate::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
 /// torch's `should_split`: small-pool blocks split when at least 512 bytes remain; large-pool
 /// blocks only for requests below `max_split_size` and when more than 1 MiB remains (smaller
 /// large-pool remainders would only be usable by small requests, which never look there).
+#[inline]
 pub fn should_split(
     pool: PoolKind,
     block_size: u64,

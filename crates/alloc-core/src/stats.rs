@@ -22,6 +22,7 @@ pub struct Stat {
 
 impl Stat {
     /// Adds `n`: torch's `increase_stat`.
+    #[inline]
     pub fn increase(&mut self, n: u64) {
         let n = n as i64;
         self.current += n;
@@ -30,6 +31,7 @@ impl Stat {
     }
 
     /// Removes `n`: torch's `decrease_stat`.
+    #[inline]
     pub fn decrease(&mut self, n: u64) {
         let n = n as i64;
         self.current -= n;
@@ -37,6 +39,7 @@ impl Stat {
     }
 
     /// Applies a signed net change as one increase or one decrease, as torch does.
+    #[inline]
     pub fn apply(&mut self, delta: i64) {
         if delta > 0 {
             self.increase(delta.unsigned_abs());
@@ -68,6 +71,7 @@ pub struct StatArray {
 
 impl StatArray {
     /// The per-pool stat for `pool`.
+    #[inline]
     pub fn pool(&self, pool: PoolKind) -> &Stat {
         match pool {
             PoolKind::Small => &self.small_pool,
@@ -76,23 +80,27 @@ impl StatArray {
     }
 
     /// Increases `all` and `pool` by `n`.
+    #[inline]
     pub fn increase(&mut self, pool: PoolKind, n: u64) {
         self.all.increase(n);
         self.pool_mut(pool).increase(n);
     }
 
     /// Decreases `all` and `pool` by `n`.
+    #[inline]
     pub fn decrease(&mut self, pool: PoolKind, n: u64) {
         self.all.decrease(n);
         self.pool_mut(pool).decrease(n);
     }
 
     /// Applies a net change to `all` and `pool`.
+    #[inline]
     pub fn apply(&mut self, pool: PoolKind, delta: i64) {
         self.all.apply(delta);
         self.pool_mut(pool).apply(delta);
     }
 
+    #[inline]
     fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
         match pool {
             PoolKind::Small => &mut self.small_pool,

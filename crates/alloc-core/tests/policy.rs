@@ -480,3 +480,26 @@ fn reset_peak_and_accumulated() {
     assert_eq!(stat(&a, "num_device_alloc"), 0);
     assert_eq!(stat(&a, "reserved_bytes.all.current"), (12 * MIB) as i64);
 }
+
+#[test]
+fn many_free_blocks_of_one_size_are_reused_lowest_address_first() {
+    // 300 blocks of 4 KiB, every other one freed: 150 free blocks in one size class (the pool
+    // switches that class to its tree form past 64) must come back lowest address first.
+    let mut a = cuda(GIB, &AllocConf::default());
+    let addrs: Vec<u64> = (0..300).map(|_| a.malloc(4096, S0).unwrap()).collect();
+    for &p in addrs.iter().skip(1).step_by(2) {
+        a.free(p).unwrap();
+    }
+    check_consistency(&a);
+    let mut freed: Vec<u64> = addrs.iter().skip(1).step_by(2).copied().collect();
+    freed.sort_unstable();
+    let again: Vec<u64> = (0..150).map(|_| a.malloc(4096, S0).unwrap()).collect();
+    assert_eq!(again, freed);
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    check_consistency(&a);
+    for p in addrs.iter().step_by(2).chain(&again) {
+        a.free(*p).unwrap();
+    }
+    check_consistency(&a);
+    assert_eq!(stat(&a, "inactive_split.all.current"), 0);
+}

@@ -1,0 +1,201 @@
+//! One size-class bin of a block pool: a small ordered map from packed (size, address) keys to
+//! blocks. Bins are usually small (a handful of free blocks), where a sorted `Vec` with binary
+//! search beats any tree; a bin that grows large (thousands of free blocks of one size) switches
+//! to a `BTreeMap` so that no operation degrades to a long memmove, and back when it shrinks.
+
+use alloc::collections::BTreeMap;
+use alloc::collections::btree_map;
+use alloc::vec::Vec;
+use core::ops::{Bound, RangeBounds};
+
+use crate::block::BlockId;
+
+/// Above this many entries a bin becomes a tree.
+const TO_TREE: usize = 64;
+/// Below this many entries a tree bin becomes a vector again (hysteresis against flapping).
+const TO_VEC: usize = 16;
+
+/// An ordered map of u128 keys to blocks, a sorted vector while small.
+#[derive(Debug)]
+pub(crate) enum Bin {
+    /// Sorted by key.
+    Small(Vec<(u128, BlockId)>),
+    /// For large bins.
+    Large(BTreeMap<u128, BlockId>),
+}
+
+impl Default for Bin {
+    fn default() -> Self {
+        Bin::Small(Vec::new())
+    }
+}
+
+/// Ascending (or, reversed, descending) entries of a [`Bin`] within a key range.
+pub(crate) enum Iter<'a> {
+    Small(core::slice::Iter<'a, (u128, BlockId)>),
+    Large(btree_map::Range<'a, u128, BlockId>),
+}
+
+impl Iterator for Iter<'_> {
+    type Item = (u128, BlockId);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        match self {
+            Iter::Small(it) => it.next().copied(),
+            Iter::Large(it) => it.next().map(|(&k, &v)| (k, v)),
+        }
+    }
+}
+
+impl DoubleEndedIterator for Iter<'_> {
+    #[inline]
+    fn next_back(&mut self) -> Option<Self::Item> {
+        match self {
+            Iter::Small(it) => it.next_back().copied(),
+            Iter::Large(it) => it.next_back().map(|(&k, &v)| (k, v)),
+        }
+    }
+}
+
+/// Index of the first entry not below `bound` (as a range start).
+fn start_index(v: &[(u128, BlockId)], bound: Bound<&u128>) -> usize {
+    match bound {
+        Bound::Included(&k) => v.partition_point(|e| e.0 < k),
+        Bound::Excluded(&k) => v.partition_point(|e| e.0 <= k),
+        Bound::Unbounded => 0,
+    }
+}
+
+/// Index one past the last entry not above `bound` (as a range end).
+fn end_index(v: &[(u128, BlockId)], bound: Bound<&u128>) -> usize {
+    match bound {
+        Bound::Included(&k) => v.partition_point(|e| e.0 <= k),
+        Bound::Excluded(&k) => v.partition_point(|e| e.0 < k),
+        Bound::Unbounded => v.len(),
+    }
+}
+
+impl Bin {
+    /// Whether the bin holds no block.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Bin::Small(v) => v.is_empty(),
+            Bin::Large(m) => m.is_empty(),
+        }
+    }
+
+    /// Adds an entry; keys are unique (they contain the block's address).
+    #[inline]
+    pub(crate) fn insert(&mut self, key: u128, id: BlockId) {
+        match self {
+            Bin::Small(v) => {
+                let i = v.partition_point(|e| e.0 < key);
+                v.insert(i, (key, id));
+                if v.len() > TO_TREE {
+                    *self = Bin::Large(v.drain(..).collect());
+                }
+            }
+            Bin::Large(m) => {
+                m.insert(key, id);
+            }
+        }
+    }
+
+    /// Removes the entry with `key`; returns whether it was there.
+    #[inline]
+    pub(crate) fn remove(&mut self, key: u128) -> bool {
+        match self {
+            Bin::Small(v) => match v.binary_search_by(|e| e.0.cmp(&key)) {
+                Ok(i) => {
+                    v.remove(i);
+                    true
+                }
+                Err(_) => false,
+            },
+            Bin::Large(m) => {
+                let removed = m.remove(&key).is_some();
+                if m.len() < TO_VEC {
+                    *self = Bin::Small(core::mem::take(m).into_iter().collect());
+                }
+                removed
+            }
+        }
+    }
+
+    /// The first entry with a key at or above `key`.
+    #[inline]
+    pub(crate) fn first_from(&self, key: u128) -> Option<(u128, BlockId)> {
+        self.range(key..).next()
+    }
+
+    /// Entries within `range`, in key order (reverse it for descending).
+    #[inline]
+    pub(crate) fn range(&self, range: impl RangeBounds<u128>) -> Iter<'_> {
+        match self {
+            Bin::Small(v) => {
+                let start = start_index(v, range.start_bound());
+                let end = end_index(v, range.end_bound()).max(start);
+                Iter::Small(v[start..end].iter())
+            }
+            Bin::Large(m) => Iter::Large(m.range(range)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::{Block, Blocks};
+    use crate::device::StreamId;
+    use crate::size::PoolKind;
+
+    fn ids(n: usize) -> Vec<BlockId> {
+        let mut blocks = Blocks::default();
+        (0..n)
+            .map(|_| blocks.insert(Block::segment(0, 0, StreamId(0), PoolKind::Small)))
+            .collect()
+    }
+
+    #[test]
+    fn behaves_like_an_ordered_map_through_both_representations() {
+        let ids = ids(200);
+        let mut bin = Bin::default();
+        let mut model = BTreeMap::new();
+        // Insert 200 keys in a scrambled order: the bin becomes a tree past 64.
+        for i in 0..200u128 {
+            let k = (i * 7919) % 200 * 10;
+            bin.insert(k, ids[i as usize]);
+            model.insert(k, ids[i as usize]);
+        }
+        assert!(matches!(bin, Bin::Large(_)));
+        let check = |bin: &Bin, model: &BTreeMap<u128, BlockId>| {
+            let all: Vec<_> = bin.range(..).collect();
+            let want: Vec<_> = model.iter().map(|(&k, &v)| (k, v)).collect();
+            assert_eq!(all, want);
+            for probe in [0u128, 5, 10, 995, 1990, 1995, 5000] {
+                assert_eq!(
+                    bin.first_from(probe),
+                    model.range(probe..).next().map(|(&k, &v)| (k, v))
+                );
+                let below: Vec<_> = bin.range(..probe).rev().collect();
+                let want: Vec<_> = model.range(..probe).rev().map(|(&k, &v)| (k, v)).collect();
+                assert_eq!(below, want);
+            }
+        };
+        check(&bin, &model);
+        // Remove most keys: it turns back into a vector below 16.
+        for i in 0..190u128 {
+            let k = i * 10;
+            assert_eq!(bin.remove(k), model.remove(&k).is_some());
+        }
+        assert!(!bin.remove(3));
+        assert!(matches!(bin, Bin::Small(_)));
+        check(&bin, &model);
+        for i in 190..200u128 {
+            assert!(bin.remove(i * 10));
+        }
+        assert!(bin.is_empty());
+    }
+}
