@@ -1,45 +1,40 @@
 //! Property tests: no input makes the parser panic, and the canonical string of a configuration
 //! parses back to the same configuration.
 
-use alloc_conf::{AllocConf, Backend, MIB, ROUNDUP_BUCKETS, WarningKind, from_env, parse};
+use alloc_conf::{
+    AllocConf, Backend, Key, MIB, ROUNDUP_BUCKETS, UNSUPPORTED_KEYS, WarningKind, from_env, parse,
+};
 use proptest::prelude::*;
 
 /// Fragments that steer random strings into the parser's deeper paths.
 fn fragment() -> impl Strategy<Value = String> {
     prop_oneof![
-        prop::sample::select(vec![
-            "max_split_size_mb",
-            "max_non_split_rounding_mb",
-            "large_segment_size_mb",
-            "garbage_collection_threshold",
-            "expandable_segments",
-            "base_addr_aligned_kb",
-            "page_size",
-            "segment_size_mb",
-            "roundup_power2_divisions",
-            "per_process_memory_fraction",
-            "release_lock_on_cudamalloc",
-            "pinned_mem_register",
-            "pin_memory_expandable_segments",
-            "pinned_num_register_threads",
-            "backend",
-            "multi_stream_lazy_reclaim",
-            ":",
-            "=",
-            ",",
-            "[",
-            "]",
-            ">",
-            " ",
-            "True",
-            "false",
-            "1g",
-            "native",
-            "0.6",
-            "1e-1",
-            "99999999999999999999",
-            "17592186044416",
-        ])
+        // Every key the parser knows or reports as unsupported, plus separators and values.
+        prop::sample::select(
+            Key::ALL
+                .iter()
+                .map(|k| k.name())
+                .chain(UNSUPPORTED_KEYS)
+                .chain([
+                    "release_lock_on_cudamalloc",
+                    ":",
+                    "=",
+                    ",",
+                    "[",
+                    "]",
+                    ">",
+                    " ",
+                    "True",
+                    "false",
+                    "1g",
+                    "native",
+                    "0.6",
+                    "1e-1",
+                    "99999999999999999999",
+                    "17592186044416",
+                ])
+                .collect::<Vec<_>>(),
+        )
         .prop_map(String::from),
         (0u64..5000).prop_map(|n| n.to_string()),
         "[ -~]{0,4}",

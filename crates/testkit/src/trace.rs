@@ -239,8 +239,9 @@ pub enum TraceErrorKind {
     TooManyIds,
 }
 
-/// Every keyword of the format, for the "keywords are lower case" hint.
-const KEYWORDS: [&str; 13] = [
+/// Every keyword of the format (directives and operations), for the "keywords are lower case"
+/// hint and for tests that generate traces.
+pub const KEYWORDS: [&str; 13] = [
     "capacity",
     "conf",
     "device_overhead",

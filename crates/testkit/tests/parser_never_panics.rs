@@ -1,27 +1,17 @@
 //! The trace parser must never panic, whatever bytes it is given.
 
 use proptest::prelude::*;
-use testkit::trace::parse_bytes;
+use testkit::trace::{KEYWORDS, parse_bytes};
 
 /// Lines built from the format's own vocabulary, so the fuzzer reaches deep into the grammar.
 fn plausible_line() -> impl Strategy<Value = String> {
-    let keyword = prop::sample::select(vec![
-        "alloc",
-        "free",
-        "record",
-        "complete",
-        "empty_cache",
-        "fraction",
-        "reset_peak",
-        "reset_accumulated",
-        "stats",
-        "capacity",
-        "conf",
-        "device_overhead",
-        "pad",
-        "ALLOC",
-        "#",
-    ]);
+    let keyword = prop::sample::select(
+        KEYWORDS
+            .iter()
+            .copied()
+            .chain(["ALLOC", "#"])
+            .collect::<Vec<_>>(),
+    );
     let token = prop::sample::select(vec![
         "a",
         "b",
