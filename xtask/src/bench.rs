@@ -19,7 +19,8 @@ pub(crate) struct Args {
     json: bool,
 }
 
-/// Cached-block counts of the hit benches (`alloc-core/benches/pairs.rs`).
+/// Cached-block counts of the hit benches (`alloc-core/benches/pairs.rs`; the runtime's
+/// `npu-runtime/benches/runtime_hit.rs` uses 16).
 const BLOCKS: [u64; 4] = [16, 256, 4096, 65536];
 
 /// Operations in the replay bench's synthetic trace.
@@ -91,12 +92,12 @@ fn run_benches(quick: bool) -> bool {
     let mut cmd = Command::new(cargo);
     cmd.current_dir(root())
         .env("CRITERION_HOME", criterion_home())
+        .args(["bench", "-p", "alloc-core", "-p", "npu-runtime"])
         .args([
-            "bench",
-            "-p",
-            "alloc-core",
             "--bench",
             "pairs",
+            "--bench",
+            "runtime_hit",
             "--",
             "--noplot",
         ]);

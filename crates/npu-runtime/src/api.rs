@@ -6,11 +6,13 @@
 //! except the device table while a device is first opened. OOM observers run with no lock held,
 //! so they may allocate or free.
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use acl_sys::AclError;
 use alloc_core::{DeviceStats, GcStatus, OutOfMemory, SegmentInfo};
+// foldhash, not SipHash: the owner map is on every malloc and free, and addresses are not
+// attacker-chosen keys.
+use hashbrown::HashMap;
 
 use crate::acl_device::AclBackend;
 use crate::backend::Backend;
@@ -19,7 +21,7 @@ use crate::device_allocator::DeviceAllocator;
 use crate::error::RuntimeError;
 use crate::no_caching::Uncached;
 use crate::summary;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, OnceSlot};
 
 /// The runtime over ACL: what a program uses.
 pub type NpuAllocator = Runtime<AclBackend>;
@@ -32,7 +34,7 @@ pub type OomObserver = dyn Fn(&OutOfMemory) + Send + Sync;
 pub type Result<T, E = AclError> = core::result::Result<T, RuntimeError<E>>;
 
 /// One device: a caching allocator, or none (`PYTORCH_NO_NPU_MEMORY_CACHING=1`).
-// Built once per device and held in an `Arc`: the size difference costs nothing.
+// Built once per device and kept in its slot for the runtime's life: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 enum Entry<B: Backend> {
     Caching(DeviceAllocator<B>),
@@ -43,7 +45,8 @@ enum Entry<B: Backend> {
 pub struct Runtime<B: Backend> {
     backend: Arc<B>,
     config: Config,
-    devices: Mutex<Vec<Option<Arc<Entry<B>>>>>,
+    /// One slot per device, filled on first use and read without a lock afterwards.
+    devices: Vec<OnceSlot<Entry<B>>>,
     /// Live address → device.
     owners: Mutex<HashMap<u64, u32>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
@@ -72,7 +75,7 @@ impl<B: Backend> Runtime<B> {
         Runtime {
             backend: Arc::new(backend),
             config,
-            devices: Mutex::new((0..count).map(|_| None).collect()),
+            devices: (0..count).map(|_| OnceSlot::new()).collect(),
             owners: Mutex::new(HashMap::new()),
             observers: Mutex::new(Vec::new()),
         }
@@ -103,39 +106,34 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// Device `device`'s allocator, opened on first use.
-    fn entry(&self, device: u32) -> Result<Arc<Entry<B>>, B::Error> {
+    fn entry(&self, device: u32) -> Result<&Entry<B>, B::Error> {
         self.check_device(device)?;
-        let mut devices = self.devices.lock();
-        let slot = &mut devices[device as usize];
-        if let Some(entry) = slot {
-            return Ok(entry.clone());
-        }
-        let backend = self.backend.clone();
-        let entry = Arc::new(if self.config.caching {
-            Entry::Caching(DeviceAllocator::new(backend, device, &self.config.alloc)?)
-        } else {
-            Entry::Uncached(Uncached::new(backend, device))
-        });
-        *slot = Some(entry.clone());
-        Ok(entry)
+        self.devices[device as usize].get_or_try_init(|| {
+            let backend = self.backend.clone();
+            Ok(if self.config.caching {
+                Entry::Caching(DeviceAllocator::new(backend, device, &self.config.alloc)?)
+            } else {
+                Entry::Uncached(Uncached::new(backend, device))
+            })
+        })
     }
 
     /// Device `device`'s allocator if it was opened.
-    fn opened(&self, device: u32) -> Result<Option<Arc<Entry<B>>>, B::Error> {
+    fn opened(&self, device: u32) -> Result<Option<&Entry<B>>, B::Error> {
         self.check_device(device)?;
-        Ok(self.devices.lock()[device as usize].clone())
+        Ok(self.devices[device as usize].get())
     }
 
     /// Every opened device.
-    fn opened_all(&self) -> Vec<Arc<Entry<B>>> {
-        self.devices.lock().iter().flatten().cloned().collect()
+    fn opened_all(&self) -> impl Iterator<Item = &Entry<B>> {
+        self.devices.iter().filter_map(OnceSlot::get)
     }
 
     /// `malloc(size, device, stream)`: `size` bytes on `device` for use on `stream`; 0 for a
     /// zero-size request. Out of memory calls the observers, then returns the error.
     pub fn malloc(&self, size: u64, device: u32, stream: B::Stream) -> Result<u64, B::Error> {
         let entry = self.entry(device)?;
-        let result = match &*entry {
+        let result = match entry {
             Entry::Caching(a) => a.malloc(size, B::stream_id(stream)),
             Entry::Uncached(u) => u.malloc(size),
         };
@@ -167,7 +165,7 @@ impl<B: Backend> Runtime<B> {
             .lock()
             .remove(&addr)
             .ok_or(RuntimeError::InvalidPointer { addr })?;
-        let result = match self.opened(device)?.as_deref() {
+        let result = match self.opened(device)? {
             Some(Entry::Caching(a)) => a.free(addr),
             Some(Entry::Uncached(u)) => u.free(addr),
             None => Err(RuntimeError::InvalidPointer { addr }),
@@ -190,7 +188,7 @@ impl<B: Backend> Runtime<B> {
             .get(&addr)
             .copied()
             .ok_or(RuntimeError::InvalidPointer { addr })?;
-        match self.opened(device)?.as_deref() {
+        match self.opened(device)? {
             Some(Entry::Caching(a)) => a.record_stream(addr, B::stream_id(stream)),
             Some(Entry::Uncached(u)) if u.contains(addr) => Ok(()),
             _ => Err(RuntimeError::InvalidPointer { addr }),
@@ -202,7 +200,7 @@ impl<B: Backend> Runtime<B> {
     pub fn empty_cache(&self) -> Result<(), B::Error> {
         let mut result = Ok(());
         for entry in self.opened_all() {
-            if let Entry::Caching(a) = &*entry {
+            if let Entry::Caching(a) = entry {
                 let r = a.empty_cache();
                 if result.is_ok() {
                     result = r;
@@ -214,7 +212,7 @@ impl<B: Backend> Runtime<B> {
 
     /// Polls `device`'s event queues: blocks whose recorded streams finished become reusable.
     pub fn process_events(&self, device: u32) -> Result<(), B::Error> {
-        match self.opened(device)?.as_deref() {
+        match self.opened(device)? {
             Some(Entry::Caching(a)) => a.process_events(),
             _ => Ok(()),
         }
@@ -222,7 +220,7 @@ impl<B: Backend> Runtime<B> {
 
     /// Every statistic of `device` (zeros for a device not used yet, or without caching).
     pub fn device_stats(&self, device: u32) -> Result<DeviceStats, B::Error> {
-        Ok(match self.opened(device)?.as_deref() {
+        Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.stats(),
             _ => DeviceStats {
                 max_split_size: self.config.alloc.max_split_size,
@@ -258,7 +256,7 @@ impl<B: Backend> Runtime<B> {
 
     /// `reset_peak_memory_stats(device)`.
     pub fn reset_peak_memory_stats(&self, device: u32) -> Result<(), B::Error> {
-        if let Some(Entry::Caching(a)) = self.opened(device)?.as_deref() {
+        if let Some(Entry::Caching(a)) = self.opened(device)? {
             a.reset_peak();
         }
         Ok(())
@@ -266,7 +264,7 @@ impl<B: Backend> Runtime<B> {
 
     /// `reset_accumulated_memory_stats(device)`.
     pub fn reset_accumulated_memory_stats(&self, device: u32) -> Result<(), B::Error> {
-        if let Some(Entry::Caching(a)) = self.opened(device)?.as_deref() {
+        if let Some(Entry::Caching(a)) = self.opened(device)? {
             a.reset_accumulated();
         }
         Ok(())
@@ -285,7 +283,7 @@ impl<B: Backend> Runtime<B> {
                 alloc_core::FractionError::OutOfRange(fraction),
             ));
         }
-        match &*self.entry(device)? {
+        match self.entry(device)? {
             Entry::Caching(a) => a.set_fraction(fraction),
             Entry::Uncached(_) => Ok(()),
         }
@@ -293,7 +291,7 @@ impl<B: Backend> Runtime<B> {
 
     /// `get_per_process_memory_fraction(device)`: 1.0 when unlimited.
     pub fn get_per_process_memory_fraction(&self, device: u32) -> Result<f64, B::Error> {
-        Ok(match self.opened(device)?.as_deref() {
+        Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.fraction(),
             Some(Entry::Uncached(_)) => 1.0,
             None => self.config.alloc.per_process_memory_fraction,
@@ -318,7 +316,7 @@ impl<B: Backend> Runtime<B> {
 
     /// `memory_snapshot()` of `device`: its segments and blocks in address order.
     pub fn memory_snapshot(&self, device: u32) -> Result<Vec<SegmentInfo>, B::Error> {
-        Ok(match self.opened(device)?.as_deref() {
+        Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.snapshot(),
             _ => Vec::new(),
         })
@@ -327,7 +325,7 @@ impl<B: Backend> Runtime<B> {
     /// Whether and how garbage collection runs on `device` (`Off` until it is opened, and
     /// without caching).
     pub fn gc_status(&self, device: u32) -> Result<GcStatus, B::Error> {
-        Ok(match self.opened(device)?.as_deref() {
+        Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.gc_status(),
             _ => GcStatus::Off,
         })
@@ -347,10 +345,9 @@ impl<B: Backend> std::fmt::Debug for Runtime<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let opened: Vec<usize> = self
             .devices
-            .lock()
             .iter()
             .enumerate()
-            .filter_map(|(i, d)| d.as_ref().map(|_| i))
+            .filter_map(|(i, d)| d.get().map(|_| i))
             .collect();
         f.debug_struct("Runtime")
             .field("device_count", &self.device_count())

@@ -40,6 +40,51 @@ impl<T> Mutex<T> {
     }
 }
 
+/// A value created once on first use and then read without a lock (the device table: a device's
+/// allocator lives as long as the runtime, and every malloc and free looks it up).
+///
+/// Creation is serialized by a [`Mutex`] of this module, so the `std` `OnceLock` inside is only
+/// ever written by the one thread holding that lock and never waits; that keeps it correct inside
+/// loom models too, where loom schedules the creation lock and the read is a plain load.
+#[derive(Debug)]
+pub(crate) struct OnceSlot<T> {
+    value: std::sync::OnceLock<T>,
+    init: Mutex<()>,
+}
+
+impl<T> OnceSlot<T> {
+    /// An empty slot.
+    pub(crate) fn new() -> Self {
+        OnceSlot {
+            value: std::sync::OnceLock::new(),
+            init: Mutex::new(()),
+        }
+    }
+
+    /// The value, if it was created.
+    #[inline]
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.value.get()
+    }
+
+    /// The value, created by `create` if this is the first call; a failed creation leaves the
+    /// slot empty for the next caller.
+    pub(crate) fn get_or_try_init<E>(
+        &self,
+        create: impl FnOnce() -> Result<T, E>,
+    ) -> Result<&T, E> {
+        if let Some(value) = self.value.get() {
+            return Ok(value);
+        }
+        let _creating = self.init.lock();
+        if let Some(value) = self.value.get() {
+            return Ok(value);
+        }
+        let value = create()?;
+        Ok(self.value.get_or_init(|| value))
+    }
+}
+
 /// Process-global synchronization at the API edge, always `std` (never inside a loom model).
 pub(crate) mod global {
     pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
