@@ -7,6 +7,7 @@ mod cargo;
 mod conf;
 mod loom;
 mod replay;
+mod stress;
 mod test_hw;
 
 use std::process::ExitCode;
@@ -33,6 +34,8 @@ enum Command {
     Bench(bench::Args),
     /// Probe for Ascend hardware and run the hardware suite (exit 0 without hardware).
     TestHw(test_hw::Args),
+    /// Random operations with device faults on the simulated device, checked after every one.
+    Stress(stress::Args),
 }
 
 fn main() -> ExitCode {
@@ -54,5 +57,6 @@ fn main() -> ExitCode {
         Command::Loom(args) => loom::run(args),
         Command::TestHw(args) => test_hw::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Stress(args) => stress::run(args),
     }
 }

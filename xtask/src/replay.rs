@@ -28,7 +28,8 @@ pub(crate) struct Args {
     pad: Option<u64>,
 }
 
-fn parse_size_arg(s: &str) -> Result<u64, String> {
+/// A size argument (`4096`, `2M`, `1.5GiB`), for clap.
+pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s).map_err(|e| e.to_string())
 }
 

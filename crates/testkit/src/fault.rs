@@ -21,16 +21,19 @@ pub enum DeviceCall {
     EventDone,
     /// [`Device::synchronize`](alloc_core::Device::synchronize).
     Synchronize,
+    /// [`Device::mem_info`](alloc_core::Device::mem_info): a fault makes it report `None`.
+    MemInfo,
 }
 
 impl DeviceCall {
     /// Every call kind, in declaration order.
-    pub const ALL: [DeviceCall; 5] = [
+    pub const ALL: [DeviceCall; 6] = [
         DeviceCall::Malloc,
         DeviceCall::Free,
         DeviceCall::RecordEvent,
         DeviceCall::EventDone,
         DeviceCall::Synchronize,
+        DeviceCall::MemInfo,
     ];
 
     /// The trait method's name, as used in error messages.
@@ -41,6 +44,7 @@ impl DeviceCall {
             DeviceCall::RecordEvent => "record_event",
             DeviceCall::EventDone => "event_done",
             DeviceCall::Synchronize => "synchronize",
+            DeviceCall::MemInfo => "mem_info",
         }
     }
 
@@ -214,7 +218,8 @@ mod tests {
                 "free",
                 "record_event",
                 "event_done",
-                "synchronize"
+                "synchronize",
+                "mem_info"
             ]
         );
     }

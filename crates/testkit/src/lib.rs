@@ -1,4 +1,5 @@
-//! Test and demo support for npu-alloc: a simulated device, the `.trace` parser and the replayer.
+//! Test and demo support for npu-alloc: a simulated device, the `.trace` parser, the replayer and
+//! the stress engine.
 //!
 //! Nothing here is needed by a program at run time; it exists so the policy in `alloc-core` can be
 //! exercised deterministically (see [`SimDevice`]) and so allocation traces can be parsed (see
@@ -10,10 +11,11 @@ pub mod fault;
 pub mod replay;
 pub mod sim_device;
 pub mod size;
+pub mod stress;
 pub mod trace;
 pub mod workload;
 
-pub use check::{Inconsistency, check_consistency};
+pub use check::{Inconsistency, check_allocations, check_consistency};
 pub use fault::{DeviceCall, Fault};
 pub use replay::{OpCounts, ReplayError, ReplayReport, Setup, StatsRecord, replay};
 pub use sim_device::{

@@ -133,7 +133,6 @@ pub struct SimDevice {
     frees: u64,
     events_recorded: u64,
     events_released: u64,
-    mem_info_calls: u64,
     faults: FaultPlan,
 }
 
@@ -161,7 +160,6 @@ impl SimDevice {
             frees: 0,
             events_recorded: 0,
             events_released: 0,
-            mem_info_calls: 0,
             faults: FaultPlan::default(),
         }
     }
@@ -214,7 +212,8 @@ impl SimDevice {
     /// Makes the `n`-th call of `call` counted from now fail with `fault` (`n = 1`, or 0: the next
     /// call). A failed call changes no state except the call counter; a failed `free` leaves the
     /// segment live. [`Fault::OutOfMemory`] on a call other than `malloc` is reported as
-    /// `SimError::Injected` with [`Fault::OOM_CODE`].
+    /// `SimError::Injected` with [`Fault::OOM_CODE`]; any fault on `mem_info` makes it report
+    /// `None`, as a driver whose `aclrtGetMemInfo` fails.
     pub fn fail_nth(&mut self, call: DeviceCall, n: u64, fault: Fault) {
         self.faults.schedule(call, n, fault, false);
     }
@@ -300,9 +299,9 @@ impl SimDevice {
         self.calls(DeviceCall::EventDone)
     }
 
-    /// `mem_info` calls so far.
+    /// `mem_info` calls so far, failed ones included.
     pub fn mem_info_calls(&self) -> u64 {
-        self.mem_info_calls
+        self.calls(DeviceCall::MemInfo)
     }
 
     /// Events successfully recorded so far.
@@ -343,6 +342,15 @@ impl SimDevice {
     /// Live segments as `(address, bytes)`, in address order.
     pub fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.segments.iter().map(|(&a, &b)| (a, b))
+    }
+
+    /// The live segment `(address, bytes)` that contains `addr`, if any.
+    pub fn segment_containing(&self, addr: u64) -> Option<(u64, u64)> {
+        self.segments
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&start, &bytes)| addr - start < bytes)
+            .map(|(&start, &bytes)| (start, bytes))
     }
 
     /// The size of the live segment starting at `addr`, if any.
@@ -417,7 +425,9 @@ impl Device for SimDevice {
     }
 
     fn mem_info(&mut self) -> Option<MemInfo> {
-        self.mem_info_calls += 1;
+        if self.faults.on_call(DeviceCall::MemInfo).is_some() {
+            return None;
+        }
         self.mem_info_supported.then(|| MemInfo {
             free: self
                 .capacity
@@ -576,6 +586,28 @@ mod tests {
         assert_eq!(d.mem_info(), None);
         d.set_mem_info_supported(true);
         assert!(d.mem_info().is_some());
+    }
+
+    #[test]
+    fn injected_mem_info_failure_reports_none_once() {
+        let mut d = SimDevice::new(MIB).with_fault(DeviceCall::MemInfo, 1, Fault::Error(1));
+        assert_eq!(d.mem_info(), None);
+        assert!(d.mem_info().is_some());
+        assert_eq!(d.mem_info_calls(), 2);
+    }
+
+    #[test]
+    fn segment_containing_finds_the_enclosing_segment() {
+        let mut d = SimDevice::new(100 * MIB);
+        let a = d.malloc(3 * MIB).unwrap();
+        let b = d.malloc(MIB).unwrap();
+        assert_eq!(d.segment_containing(a), Some((a, 3 * MIB)));
+        assert_eq!(d.segment_containing(a + 3 * MIB - 1), Some((a, 3 * MIB)));
+        assert_eq!(d.segment_containing(a + 3 * MIB), None, "the gap before b");
+        assert_eq!(d.segment_containing(b + 512), Some((b, MIB)));
+        assert_eq!(d.segment_containing(0), None);
+        d.free(a, 3 * MIB).unwrap();
+        assert_eq!(d.segment_containing(a), None);
     }
 
     #[test]
