@@ -1,6 +1,7 @@
 //! Cost of one malloc + free cache hit through the runtime: device lookup, the per-device lock,
-//! the event poll, the owner map and the policy core. `cargo xtask bench` divides it by
-//! `alloc-core`'s `core_hit/16`, the same pair without the runtime around it.
+//! the event poll, the owner map and the policy core. `runtime_core_hit` is the same pair on the
+//! bare `alloc-core` allocator (alloc-core's `core_hit/16`), measured in this binary right before,
+//! so `cargo xtask bench` can divide one by the other without run-to-run noise.
 
 // criterion_group! generates an undocumented function.
 #![allow(missing_docs)]
@@ -10,7 +11,7 @@ use std::hint::black_box;
 use alloc_core::{Device, DeviceError, MemInfo, StreamId};
 use criterion::{Criterion, criterion_group, criterion_main};
 use npu_runtime::{Backend, Config, Runtime};
-use testkit::workload::hit_size;
+use testkit::workload::{cached_allocator, hit_size};
 use testkit::{SimDevice, SimError};
 
 /// One simulated device with unlimited memory and no pad, like `core_hit`'s allocator.
@@ -51,6 +52,15 @@ impl Backend for SimBackend {
 }
 
 fn runtime_hit(c: &mut Criterion) {
+    let (mut core, _live) = cached_allocator(16);
+    let mut i = 0;
+    c.bench_function("runtime_core_hit", |b| {
+        b.iter(|| {
+            i += 1;
+            let p = core.malloc(black_box(hit_size(i)), StreamId(0)).unwrap();
+            core.free(black_box(p)).unwrap();
+        })
+    });
     let rt = Runtime::new(SimBackend, Config::default());
     // The population of `core_hit/16`: 16 free blocks, each between two live ones.
     let mut live = Vec::new();
