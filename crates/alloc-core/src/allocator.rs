@@ -78,6 +78,10 @@ impl core::fmt::Display for Notice {
     }
 }
 
+/// Padded request sizes from here on are refused as too large: every rounding of a smaller one
+/// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
+const MAX_PADDED: u64 = 1 << 63;
+
 /// What a request needs, computed once per `malloc`: torch's `AllocParams`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Request {
@@ -180,8 +184,14 @@ impl<D: Device> Allocator<D> {
         if size == 0 {
             return Ok(0);
         }
+        // With torch_npu's 32-byte pad the padded size stays far below 2^63; only an absurd pad
+        // (a `DeviceFacts` field, or a trace's `pad` line) gets there, and rounding it would
+        // overflow: refuse it like any other request beyond 1 EiB.
+        let Some(padded) = size.checked_add(self.facts.pad).filter(|&p| p < MAX_PADDED) else {
+            return Err(AllocError::TooLarge { size });
+        };
         self.process_events().map_err(AllocError::Device)?;
-        let rounded = size::round_size(size + self.facts.pad, &self.conf);
+        let rounded = size::round_size(padded, &self.conf);
         let pool = PoolKind::for_size(rounded);
         let req = Request {
             stream,
@@ -231,8 +241,11 @@ impl<D: Device> Allocator<D> {
                 return None;
             }
             // Rule B: an oversize request takes a block only if it is less than
-            // max_non_split_rounding larger.
-            if req.size >= max_split && candidate >= req.size + self.conf.max_non_split_rounding {
+            // max_non_split_rounding larger. An allowance reaching past 2^64 bytes (a
+            // `max_non_split_rounding_mb` near 2^44) allows any block; torch's size_t sum would
+            // wrap around and refuse every block instead.
+            let limit = req.size.saturating_add(self.conf.max_non_split_rounding);
+            if req.size >= max_split && candidate >= limit {
                 return None;
             }
         }
