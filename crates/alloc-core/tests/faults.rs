@@ -1,0 +1,197 @@
+//! Device failures, one at a time, on the simulated device: each surfaces as a typed error or a
+//! documented fallback, the allocator stays consistent, and nothing leaks. (`cargo xtask stress`
+//! injects the same faults at random; these are the cases spelled out.)
+
+mod common;
+
+use alloc_core::{AllocConf, AllocError, BlockState, FreeError};
+use common::*;
+use testkit::{DeviceCall, Fault, SimError};
+
+fn injected(call: DeviceCall, code: i32) -> SimError {
+    SimError::Injected { call, code }
+}
+
+/// Everything freed and `empty_cache`: nothing may be left on the device.
+fn assert_drains(a: &mut alloc_core::Allocator<testkit::SimDevice>, live: &[u64]) {
+    a.device_mut().clear_all_faults();
+    for &x in live {
+        a.free(x).unwrap();
+    }
+    a.empty_cache().unwrap();
+    check_consistency(a);
+    assert_eq!(a.device().outstanding_bytes(), 0);
+    assert_eq!(a.device().outstanding_events(), 0);
+    assert_eq!(a.pending_events(), 0);
+}
+
+#[test]
+fn a_malloc_error_other_than_oom_is_returned_and_changes_no_stat() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(4096, S0).unwrap();
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 1, Fault::Error(7));
+    let before = a.stats().clone();
+    assert_eq!(
+        a.malloc(30 * MIB, S0),
+        Err(AllocError::Device(injected(DeviceCall::Malloc, 7)))
+    );
+    assert_eq!(a.stats(), &before, "no retry, no OOM, no stat");
+    assert_eq!(
+        a.device().malloc_calls(),
+        2,
+        "no retry after a non-OOM error"
+    );
+    check_consistency(&a);
+    let y = a.malloc(30 * MIB, S0).unwrap();
+    assert_drains(&mut a, &[x, y]);
+}
+
+#[test]
+fn an_injected_oom_runs_the_retry_chain() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(2 * MIB, S0).unwrap();
+    a.free(x).unwrap(); // a whole free 20 MiB segment stays cached
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 1, Fault::OutOfMemory);
+    let y = a.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    assert_eq!(
+        stat(&a, "num_device_free"),
+        1,
+        "the cached segment went back"
+    );
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (30 * MIB) as i64);
+    assert_drains(&mut a, &[y]);
+}
+
+#[test]
+fn a_free_error_in_empty_cache_keeps_the_segment_until_the_next_one() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(12 * MIB, S0).unwrap();
+    let y = a.malloc(30 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.device_mut()
+        .fail_nth(DeviceCall::Free, 2, Fault::Error(3));
+    assert_eq!(a.empty_cache(), Err(injected(DeviceCall::Free, 3)));
+    // The first segment went back; the one whose free failed is still cached, and counted.
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (30 * MIB) as i64);
+    assert_eq!(a.device().outstanding_segments(), 1);
+    check_consistency(&a);
+    a.empty_cache().unwrap();
+    assert_eq!(stat(&a, "num_device_free"), 2);
+    assert_drains(&mut a, &[]);
+}
+
+#[test]
+fn a_failed_event_record_falls_back_to_synchronizing() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(4096, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    a.device_mut()
+        .fail_nth(DeviceCall::RecordEvent, 1, Fault::Error(5));
+    a.free(x).unwrap();
+    // The device was synchronized instead, so the block is free at once.
+    assert_eq!(a.device().synchronize_calls(), 1);
+    assert_eq!(a.pending_events(), 0);
+    assert_eq!(stat(&a, "active.all.current"), 0);
+    assert_eq!(a.device().outstanding_events(), 0);
+    check_consistency(&a);
+    assert_eq!(a.malloc(4096, S0), Ok(x), "reused without waiting");
+    assert_drains(&mut a, &[x]);
+}
+
+#[test]
+fn a_failed_record_and_synchronize_fail_the_free_and_keep_the_allocation() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(4096, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    a.record_stream(x, S2).unwrap();
+    // The second stream's record fails after the first one's succeeded; so does the fallback.
+    a.device_mut()
+        .fail_nth(DeviceCall::RecordEvent, 2, Fault::Error(5));
+    a.device_mut()
+        .fail_nth(DeviceCall::Synchronize, 1, Fault::Error(6));
+    let before = a.stats().clone();
+    assert_eq!(
+        a.free(x),
+        Err(FreeError::Device(injected(DeviceCall::RecordEvent, 5)))
+    );
+    assert_eq!(a.stats(), &before);
+    assert_eq!(
+        a.device().outstanding_events(),
+        0,
+        "the first event was given back"
+    );
+    assert_eq!(a.snapshot()[0].blocks[0].state, BlockState::ActiveAllocated);
+    check_consistency(&a);
+    // Still the caller's, with both stream uses: the next free waits for two events.
+    a.free(x).unwrap();
+    assert_eq!(a.pending_events(), 2);
+    assert_drains(&mut a, &[]);
+}
+
+#[test]
+fn an_event_query_error_fails_malloc_and_keeps_the_block_pending() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(4096, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    a.free(x).unwrap();
+    a.device_mut().complete_stream(S1);
+    a.device_mut()
+        .fail_nth(DeviceCall::EventDone, 1, Fault::Error(8));
+    let before = a.stats().clone();
+    assert_eq!(
+        a.malloc(4096, S0),
+        Err(AllocError::Device(injected(DeviceCall::EventDone, 8)))
+    );
+    assert_eq!(a.stats(), &before);
+    assert_eq!(a.pending_events(), 1);
+    check_consistency(&a);
+    assert_eq!(
+        a.malloc(4096, S0),
+        Ok(x),
+        "the next poll frees and reuses it"
+    );
+    assert_drains(&mut a, &[x]);
+}
+
+#[test]
+fn a_synchronize_error_fails_empty_cache_and_releases_nothing() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(12 * MIB, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    a.free(x).unwrap();
+    a.device_mut()
+        .fail_nth(DeviceCall::Synchronize, 1, Fault::Error(9));
+    assert_eq!(a.empty_cache(), Err(injected(DeviceCall::Synchronize, 9)));
+    assert_eq!(
+        stat(&a, "num_sync_all_streams"),
+        1,
+        "counted on entry, as torch"
+    );
+    assert_eq!(a.pending_events(), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (12 * MIB) as i64);
+    check_consistency(&a);
+    assert_drains(&mut a, &[]);
+}
+
+#[test]
+fn a_failed_mem_info_leaves_the_free_memory_unknown_in_the_oom() {
+    let mut a = cuda(100 * MIB, &AllocConf::default());
+    a.device_mut()
+        .fail_nth(DeviceCall::MemInfo, 1, Fault::Error(1));
+    let err = a.malloc(200 * MIB, S0).unwrap_err();
+    let AllocError::OutOfMemory(oom) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(oom.free, None);
+    assert_eq!(oom.total, Some(100 * MIB), "known since construction");
+    assert!(err.to_string().contains("; unknown free; "), "{err}");
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    assert_drains(&mut a, &[]);
+}
