@@ -26,8 +26,8 @@ pub(crate) struct Args {
     /// Device capacity (bytes, or with a K/M/G suffix).
     #[arg(long, value_parser = parse_size_arg, default_value_t = stress::DEFAULT_CAPACITY)]
     capacity: u64,
-    /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA).
-    #[arg(long, value_parser = parse_size_arg, default_value_t = 32)]
+    /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA; at most 1 GiB).
+    #[arg(long, value_parser = parse_pad, default_value_t = 32)]
     pad: u64,
     /// Probability that an operation injects a device fault (0 turns fault injection off).
     #[arg(long, default_value_t = stress::DEFAULT_FAULT_RATE, value_parser = parse_rate)]
@@ -38,6 +38,15 @@ pub(crate) struct Args {
     /// Seconds to spend shrinking a failure to a short operation sequence.
     #[arg(long, default_value_t = 60)]
     shrink_secs: u64,
+}
+
+/// A pad of at most 1 GiB: the checks expect only requests of 1 EiB or more to be refused, which
+/// holds while the padded size stays below 2^63.
+fn parse_pad(s: &str) -> Result<u64, String> {
+    match parse_size_arg(s)? {
+        pad if pad <= 1 << 30 => Ok(pad),
+        _ => Err(format!("`{s}` is more than 1 GiB")),
+    }
 }
 
 fn parse_rate(s: &str) -> Result<f64, String> {
