@@ -24,18 +24,20 @@ impl Stat {
     /// Adds `n`: torch's `increase_stat`.
     #[inline]
     pub fn increase(&mut self, n: u64) {
-        let n = n as i64;
-        self.current += n;
+        // Stats are i64 as in torch; past 8 EiB (only a simulated device can get there) they
+        // saturate instead of overflowing.
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.current = self.current.saturating_add(n);
         self.peak = self.peak.max(self.current);
-        self.allocated += n;
+        self.allocated = self.allocated.saturating_add(n);
     }
 
     /// Removes `n`: torch's `decrease_stat`.
     #[inline]
     pub fn decrease(&mut self, n: u64) {
-        let n = n as i64;
-        self.current -= n;
-        self.freed += n;
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
+        self.current = self.current.saturating_sub(n);
+        self.freed = self.freed.saturating_add(n);
     }
 
     /// Applies a signed net change as one increase or one decrease, as torch does.

@@ -116,3 +116,19 @@ fn gpt2_step_reserves_no_more_than_pytorch() {
         14_457_765_888
     );
 }
+
+#[test]
+fn stats_saturate_past_8_eib_instead_of_overflowing() {
+    // A legal trace on an absurd simulated device: nine allocations just under 1 EiB reserve
+    // more than i64::MAX bytes. The replay must not panic; the stats saturate.
+    let mut text = String::from("capacity 18446744073709551615\npad 0\n");
+    for i in 0..9 {
+        text.push_str(&format!("alloc a{i} 1152921504606846975\n"));
+    }
+    let trace = testkit::trace::parse_str("huge.trace", &text).unwrap();
+    let setup = Setup::from_trace(&trace, alloc_conf::AllocConf::default(), None, None);
+    let r = replay(&trace, &setup).unwrap();
+    assert_eq!(r.counts.ooms, 0);
+    assert_eq!(get(&r, "end", "reserved_bytes.all.current"), i64::MAX);
+    assert_eq!(get(&r, "end", "allocation.all.current"), 9);
+}
