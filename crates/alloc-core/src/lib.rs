@@ -1,5 +1,5 @@
-//! The policy core of npu-alloc: PyTorch's caching-allocator behaviour, with no FFI, threads,
-//! clocks or `unsafe`, driven through the [`Device`] trait.
+//! The policy core of npu-alloc: PyTorch's caching-allocator behaviour, with no FFI, threads or
+//! clocks (and `forbid(unsafe_code)`), driven through the [`Device`] trait.
 //!
 //! [`Allocator`] is one device's cache. A runtime wraps it in a lock per device, implements
 //! [`Device`] over its driver, and calls [`Allocator::malloc`] / [`Allocator::free`]. Everything

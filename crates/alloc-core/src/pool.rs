@@ -1,6 +1,6 @@
 //! Block pools: the free, cached blocks of one pool (small or large), ordered for best fit.
 //!
-//! torch keeps one `std::set` ordered by (stream, size, address): the first entry at or after
+//! torch keeps one C++ ordered set keyed by (stream, size, address): the first entry at or after
 //! (stream, size, 0) is the smallest free block on the same stream that fits, lowest address
 //! first. Blocks are never reused across streams, so here each stream has its own index, and
 //! within a stream the blocks are spread over size classes (TLSF-style: 8 classes per power of
