@@ -94,14 +94,17 @@ impl<D: Device> Allocator<D> {
             if self.blocks[prev].is_idle() {
                 net_bytes -= self.blocks[prev].size as i64;
                 net_blocks -= 1;
-                id = self.merge_into_prev(prev, id);
+                self.pools[pool_index(pool)].remove(&self.blocks, prev);
+                self.absorb(prev, id);
+                id = prev;
             }
         }
         if let Some(next) = self.blocks[id].next {
             if self.blocks[next].is_idle() {
                 net_bytes -= self.blocks[next].size as i64;
                 net_blocks -= 1;
-                self.absorb_next(id, next);
+                self.pools[pool_index(pool)].remove(&self.blocks, next);
+                self.absorb(id, next);
             }
         }
         let block = &mut self.blocks[id];
@@ -118,36 +121,18 @@ impl<D: Device> Allocator<D> {
         self.stats.requested_bytes.decrease(pool, requested);
     }
 
-    /// Merges `id` into the free block `prev` below it; returns the surviving id (`prev`), so the
-    /// block at the segment start keeps its id.
-    fn merge_into_prev(&mut self, prev: BlockId, id: BlockId) -> BlockId {
-        let pool = pool_index(self.blocks[prev].pool);
-        self.pools[pool].remove(&self.blocks, prev);
-        let block = &self.blocks[id];
-        let (size, next, requested) = (block.size, block.next, block.requested);
-        let survivor = &mut self.blocks[prev];
-        survivor.size += size;
-        survivor.next = next;
-        survivor.requested = requested;
-        if let Some(next) = next {
-            self.blocks[next].prev = Some(prev);
-        }
-        self.blocks.remove(id);
-        prev
-    }
-
-    /// Merges the free block `next` above `id` into `id`.
-    fn absorb_next(&mut self, id: BlockId, next: BlockId) {
-        let pool = pool_index(self.blocks[next].pool);
-        self.pools[pool].remove(&self.blocks, next);
-        let (size, after) = (self.blocks[next].size, self.blocks[next].next);
-        let block = &mut self.blocks[id];
+    /// Folds block `upper` into its lower neighbour `lower` (which keeps its id, so the block at
+    /// a segment's start keeps its id for the segment's life) and frees `upper`'s record. Pool
+    /// membership is the caller's business.
+    fn absorb(&mut self, lower: BlockId, upper: BlockId) {
+        let (size, after) = (self.blocks[upper].size, self.blocks[upper].next);
+        let block = &mut self.blocks[lower];
         block.size += size;
         block.next = after;
         if let Some(after) = after {
-            self.blocks[after].prev = Some(id);
+            self.blocks[after].prev = Some(lower);
         }
-        self.blocks.remove(next);
+        self.blocks.remove(upper);
     }
 }
 
