@@ -150,8 +150,13 @@ fn print_summary(path: &Path, conf: &str, report: &ReplayReport, seconds: f64) {
         println!("refused (≥1 EiB)    {}", c.refused);
         println!("skipped free/record {}", c.skipped);
     }
+    let build = if cfg!(debug_assertions) {
+        " (debug build: `cargo run --release -p xtask -- replay ...` or `cargo xtask bench` for speed)"
+    } else {
+        ""
+    };
     println!(
-        "ops per second      {:.0}",
+        "ops per second      {:.0}{build}",
         c.ops as f64 / seconds.max(1e-9)
     );
     println!("(peaks are since the trace's last reset_peak, as torch reports them)");
