@@ -1,18 +1,16 @@
-//! The torch-named API: one [`Runtime`] holds an allocator per device (created on first use),
-//! the owner device of every live address, and the OOM observers.
+//! The torch-named API: one [`Runtime`] holds an allocator per device (created on first use)
+//! and the OOM observers.
 //!
-//! Locks: each device's allocator has its own lock (`device_allocator`); the device table, the
-//! address table and the observer list each have a short one, never held across a device call
-//! except the device table while a device is first opened. OOM observers run with no lock held,
-//! so they may allocate or free.
+//! Locks: each device's allocator has its own lock (`device_allocator`); the device table and
+//! the observer list each have a short one, never held across a device call except the device
+//! table while a device is first opened. There is no process-wide pointer map: `free` finds a
+//! pointer's device by the address spans of `route`. OOM observers run with no lock held, so
+//! they may allocate or free.
 
 use std::path::Path;
 
 use acl_sys::AclError;
 use alloc_core::{DeviceStats, GcStatus, OutOfMemory, SegmentInfo};
-// foldhash, not SipHash: the owner map is on every malloc and free, and addresses are not
-// attacker-chosen keys.
-use hashbrown::HashMap;
 
 use crate::acl_device::AclBackend;
 use crate::backend::Backend;
@@ -20,6 +18,7 @@ use crate::config::Config;
 use crate::device_allocator::DeviceAllocator;
 use crate::error::RuntimeError;
 use crate::no_caching::Uncached;
+use crate::route::Span;
 use crate::summary;
 use crate::sync::{Arc, Mutex, OnceSlot};
 
@@ -41,14 +40,19 @@ enum Entry<B: Backend> {
     Uncached(Uncached<B>),
 }
 
+/// One device's slot in the runtime: its allocator once opened, and the addresses it returned.
+struct Slot<B: Backend> {
+    /// Filled on first use and read without a lock afterwards.
+    entry: OnceSlot<Entry<B>>,
+    /// Where its allocations lie, so `free` can find it.
+    span: Span,
+}
+
 /// The caching allocator of every device of a [`Backend`], with torch's API.
 pub struct Runtime<B: Backend> {
     backend: Arc<B>,
     config: Config,
-    /// One slot per device, filled on first use and read without a lock afterwards.
-    devices: Vec<OnceSlot<Entry<B>>>,
-    /// Live address → device.
-    owners: Mutex<HashMap<u64, u32>>,
+    devices: Vec<Slot<B>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
 }
 
@@ -75,8 +79,12 @@ impl<B: Backend> Runtime<B> {
         Runtime {
             backend: Arc::new(backend),
             config,
-            devices: (0..count).map(|_| OnceSlot::new()).collect(),
-            owners: Mutex::new(HashMap::new()),
+            devices: (0..count)
+                .map(|_| Slot {
+                    entry: OnceSlot::new(),
+                    span: Span::new(),
+                })
+                .collect(),
             observers: Mutex::new(Vec::new()),
         }
     }
@@ -108,7 +116,7 @@ impl<B: Backend> Runtime<B> {
     /// Device `device`'s allocator, opened on first use.
     fn entry(&self, device: u32) -> Result<&Entry<B>, B::Error> {
         self.check_device(device)?;
-        self.devices[device as usize].get_or_try_init(|| {
+        self.devices[device as usize].entry.get_or_try_init(|| {
             let backend = self.backend.clone();
             Ok(if self.config.caching {
                 Entry::Caching(DeviceAllocator::new(backend, device, &self.config.alloc)?)
@@ -121,12 +129,12 @@ impl<B: Backend> Runtime<B> {
     /// Device `device`'s allocator if it was opened.
     fn opened(&self, device: u32) -> Result<Option<&Entry<B>>, B::Error> {
         self.check_device(device)?;
-        Ok(self.devices[device as usize].get())
+        Ok(self.devices[device as usize].entry.get())
     }
 
     /// Every opened device.
     fn opened_all(&self) -> impl Iterator<Item = &Entry<B>> {
-        self.devices.iter().filter_map(OnceSlot::get)
+        self.devices.iter().filter_map(|slot| slot.entry.get())
     }
 
     /// `malloc(size, device, stream)`: `size` bytes on `device` for use on `stream`; 0 for a
@@ -140,7 +148,7 @@ impl<B: Backend> Runtime<B> {
         match result {
             Ok(0) => Ok(0),
             Ok(addr) => {
-                self.owners.lock().insert(addr, device);
+                self.devices[device as usize].span.note(addr);
                 Ok(addr)
             }
             Err(RuntimeError::OutOfMemory(oom)) => {
@@ -154,26 +162,17 @@ impl<B: Backend> Runtime<B> {
         }
     }
 
-    /// `free(addr)`: returns an allocation (0 is a no-op). An address that is not live is
-    /// [`RuntimeError::InvalidPointer`]; on any error the allocation stays live.
+    /// `free(addr)`: returns an allocation (0 is a no-op). An address no device knows is
+    /// [`RuntimeError::InvalidPointer`], one inside a segment that is not a live allocation
+    /// [`RuntimeError::NotAllocated`]; on any error the allocation stays live.
     pub fn free(&self, addr: u64) -> Result<(), B::Error> {
         if addr == 0 {
             return Ok(());
         }
-        let device = self
-            .owners
-            .lock()
-            .remove(&addr)
-            .ok_or(RuntimeError::InvalidPointer { addr })?;
-        let result = match self.opened(device)? {
-            Some(Entry::Caching(a)) => a.free(addr),
-            Some(Entry::Uncached(u)) => u.free(addr),
-            None => Err(RuntimeError::InvalidPointer { addr }),
-        };
-        if result.is_err() {
-            self.owners.lock().insert(addr, device);
-        }
-        result
+        self.route(addr, |entry| match entry {
+            Entry::Caching(a) => a.free(addr),
+            Entry::Uncached(u) => u.free(addr),
+        })
     }
 
     /// `record_stream(addr, stream)`: the allocation is also used on `stream`, so its memory
@@ -182,17 +181,39 @@ impl<B: Backend> Runtime<B> {
         if addr == 0 {
             return Ok(());
         }
-        let device = self
-            .owners
-            .lock()
-            .get(&addr)
-            .copied()
-            .ok_or(RuntimeError::InvalidPointer { addr })?;
-        match self.opened(device)? {
-            Some(Entry::Caching(a)) => a.record_stream(addr, B::stream_id(stream)),
-            Some(Entry::Uncached(u)) if u.contains(addr) => Ok(()),
-            _ => Err(RuntimeError::InvalidPointer { addr }),
+        self.route(addr, |entry| match entry {
+            Entry::Caching(a) => a.record_stream(addr, B::stream_id(stream)),
+            Entry::Uncached(u) if u.contains(addr) => Ok(()),
+            Entry::Uncached(_) => Err(RuntimeError::InvalidPointer { addr }),
+        })
+    }
+
+    /// Runs `op` on the device that owns `addr`: every opened device is asked, in order, those
+    /// whose span holds `addr` first (the owner is always among them, so the rest are asked only
+    /// when `addr` is bad), until one answers something other than
+    /// [`RuntimeError::InvalidPointer`]. Asking the rest lets an interior or stale pointer get
+    /// the owning allocator's precise error.
+    #[inline]
+    fn route(
+        &self,
+        addr: u64,
+        op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
+    ) -> Result<(), B::Error> {
+        for candidates in [true, false] {
+            for slot in &self.devices {
+                let Some(entry) = slot.entry.get() else {
+                    continue;
+                };
+                if slot.span.may_hold(addr) != candidates {
+                    continue;
+                }
+                match op(entry) {
+                    Err(RuntimeError::InvalidPointer { .. }) => continue,
+                    other => return other,
+                }
+            }
         }
+        Err(RuntimeError::InvalidPointer { addr })
     }
 
     /// `empty_cache()`: on every opened device, synchronize and give every whole cached
@@ -347,7 +368,7 @@ impl<B: Backend> std::fmt::Debug for Runtime<B> {
             .devices
             .iter()
             .enumerate()
-            .filter_map(|(i, d)| d.get().map(|_| i))
+            .filter_map(|(i, d)| d.entry.get().map(|_| i))
             .collect();
         f.debug_struct("Runtime")
             .field("device_count", &self.device_count())

@@ -22,6 +22,7 @@ mod config;
 mod device_allocator;
 mod error;
 mod no_caching;
+mod route;
 mod summary;
 mod sync;
 mod warn_once;

@@ -284,15 +284,27 @@ fn bad_pointers_and_devices_are_errors() {
         RuntimeError::InvalidPointer { addr: 0x1234 }
     );
     let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    // Inside a segment but not an allocation's start: the more precise error.
     assert_eq!(
         rt.free(a + 512).unwrap_err(),
-        RuntimeError::InvalidPointer { addr: a + 512 }
+        RuntimeError::NotAllocated { addr: a + 512 }
+    );
+    // Beyond every segment of every device.
+    assert_eq!(
+        rt.free(a + 4 * MIB).unwrap_err(),
+        RuntimeError::InvalidPointer { addr: a + 4 * MIB }
     );
     rt.free(a).unwrap();
     assert_eq!(
         rt.free(a).unwrap_err().to_string(),
-        format!("invalid device pointer: {a:#x}")
+        format!("invalid device pointer: {a:#x} is not a live allocation (double free?)")
     );
+    assert_eq!(
+        rt.memory_allocated(0).unwrap(),
+        0,
+        "the failed frees changed nothing"
+    );
+    assert_eq!(rt.memory_reserved(0).unwrap(), 2 * MIB);
     rt.free(0).unwrap();
     assert_eq!(rt.malloc(0, 0, Stream::DEFAULT).unwrap(), 0);
     assert_eq!(
@@ -340,6 +352,51 @@ fn devices_are_separate_and_set_once_per_thread() {
     assert_eq!(fake.calls("aclrtSetDevice"), 4);
     assert_eq!(rt.memory_allocated(1).unwrap(), 0);
     rt.free(b).unwrap();
+}
+
+#[test]
+fn frees_find_their_device_by_address() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 2);
+    let rt = runtime(&fake, Config::default());
+    let on0 = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    let on1 = rt.malloc(3 * MIB, 1, Stream::DEFAULT).unwrap();
+    let on0_big = rt.malloc(30 * MIB, 0, Stream::DEFAULT).unwrap();
+    assert_eq!((on0, on1), (0x1000_0000_0000, 0x1100_0000_0000));
+    // Each error names the owner's view: device 1's interior pointer is NotAllocated there.
+    assert_eq!(
+        rt.free(on1 + 4096).unwrap_err(),
+        RuntimeError::NotAllocated { addr: on1 + 4096 }
+    );
+    assert_eq!(
+        rt.record_stream(on1 + 4096, Stream::DEFAULT).unwrap_err(),
+        RuntimeError::NotAllocated { addr: on1 + 4096 }
+    );
+    rt.record_stream(on1, Stream::DEFAULT).unwrap();
+    rt.free(on1).unwrap();
+    assert_eq!(rt.memory_allocated(1).unwrap(), 0);
+    assert_eq!(
+        rt.memory_allocated(0).unwrap(),
+        1536 + (30 * MIB + 512),
+        "device 0 untouched by device 1's free (the 32-byte pad rounds up one 512-byte step)"
+    );
+    rt.free(on0_big).unwrap();
+    rt.free(on0).unwrap();
+    assert_eq!(rt.memory_allocated(0).unwrap(), 0);
+    assert_eq!(
+        rt.free(on1).unwrap_err(),
+        RuntimeError::NotAllocated { addr: on1 }
+    );
+    rt.empty_cache().unwrap();
+    // No segment left anywhere: the same addresses are now foreign to every device.
+    assert_eq!(
+        rt.free(on1).unwrap_err(),
+        RuntimeError::InvalidPointer { addr: on1 }
+    );
+    assert_eq!(
+        rt.free(on0).unwrap_err(),
+        RuntimeError::InvalidPointer { addr: on0 }
+    );
+    assert_eq!((fake.used(0), fake.used(1)), (0, 0));
 }
 
 #[test]

@@ -23,19 +23,25 @@ struct Memory {
     events: Vec<Arc<AtomicBool>>,
 }
 
-/// A one-device backend over shared loom state.
+/// A backend over shared loom state: its devices (the second field) share one memory and one
+/// address counter, so their addresses interleave.
 #[derive(Clone)]
-struct Mock(Arc<Mutex<Memory>>);
+struct Mock(Arc<Mutex<Memory>>, u32);
 
 impl Mock {
     fn new(capacity: u64) -> Mock {
-        Mock(Arc::new(Mutex::new(Memory {
+        Mock::with_devices(capacity, 1)
+    }
+
+    fn with_devices(capacity: u64, devices: u32) -> Mock {
+        let memory = Memory {
             capacity,
             used: 0,
             next: 0x1000_0000,
             segments: BTreeMap::new(),
             events: Vec::new(),
-        })))
+        };
+        Mock(Arc::new(Mutex::new(memory)), devices)
     }
 
     fn used(&self) -> u64 {
@@ -120,7 +126,7 @@ impl Backend for Mock {
     type Stream = u64;
 
     fn device_count(&self) -> u32 {
-        1
+        self.1
     }
 
     fn open(&self, _index: u32) -> Result<Mock, MockError> {
@@ -154,13 +160,15 @@ fn runtime(mock: &Mock, release_lock: bool) -> Arc<Runtime<Mock>> {
     Arc::new(Runtime::new(mock.clone(), config))
 }
 
-/// After the threads: nothing allocated, the allocator's reserve equals the device's, and
+/// After the threads: nothing allocated, the allocators' reserves add up to the device's, and
 /// `empty_cache` gives everything back.
 fn check_settled(rt: &Runtime<Mock>, mock: &Mock) {
-    assert_eq!(rt.memory_allocated(0).unwrap(), 0);
-    assert_eq!(rt.memory_reserved(0).unwrap(), mock.used());
+    let devices = 0..rt.device_count();
+    let total = |f: &dyn Fn(u32) -> u64| devices.clone().map(f).sum::<u64>();
+    assert_eq!(total(&|d| rt.memory_allocated(d).unwrap()), 0);
+    assert_eq!(total(&|d| rt.memory_reserved(d).unwrap()), mock.used());
     rt.empty_cache().unwrap();
-    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    assert_eq!(total(&|d| rt.memory_reserved(d).unwrap()), 0);
     assert_eq!(mock.used(), 0);
 }
 
@@ -197,6 +205,40 @@ fn concurrent_malloc_free_three_threads() {
 #[test]
 fn concurrent_malloc_free_with_release_lock_on_npumalloc() {
     malloc_free_threads(2, true);
+}
+
+#[test]
+fn frees_find_their_device_while_another_opens() {
+    loom::model(|| {
+        let mock = Mock::with_devices(64 * MIB, 2);
+        let rt = runtime(&mock, false);
+        let handoff = Arc::new(Mutex::new(None));
+        // Opens device 1 and widens its span while the consumer opens device 0 and routes
+        // frees past device 1's span.
+        let producer = {
+            let (rt, handoff) = (rt.clone(), handoff.clone());
+            thread::spawn(move || {
+                let p = rt.malloc(1000, 1, 0).unwrap();
+                *handoff.lock().unwrap() = Some(p);
+            })
+        };
+        let consumer = {
+            let (rt, handoff) = (rt.clone(), handoff.clone());
+            thread::spawn(move || {
+                let q = rt.malloc(3000, 0, 0).unwrap();
+                if let Some(p) = handoff.lock().unwrap().take() {
+                    rt.free(p).unwrap();
+                }
+                rt.free(q).unwrap();
+            })
+        };
+        producer.join().unwrap();
+        consumer.join().unwrap();
+        if let Some(p) = handoff.lock().unwrap().take() {
+            rt.free(p).unwrap();
+        }
+        check_settled(&rt, &mock);
+    });
 }
 
 #[test]
