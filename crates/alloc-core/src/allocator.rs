@@ -234,23 +234,23 @@ impl<D: Device> Allocator<D> {
         if gc {
             pool.lookups += 1;
         }
-        let (candidate, id) = pool.best_fit(req.stream, req.size)?;
-        if let Some(max_split) = self.conf.max_split_size {
+        let max_split = self.conf.max_split_size;
+        let max_non_split_rounding = self.conf.max_non_split_rounding;
+        pool.take_best_fit(req.stream, req.size, |candidate| {
+            let Some(max_split) = max_split else {
+                return true;
+            };
             // Rule A: a request below max_split never takes an oversize block.
             if req.size < max_split && candidate >= max_split {
-                return None;
+                return false;
             }
             // Rule B: an oversize request takes a block only if it is less than
             // max_non_split_rounding larger. An allowance reaching past 2^64 bytes (a
             // `max_non_split_rounding_mb` near 2^44) allows any block; torch's size_t sum would
             // wrap around and refuse every block instead.
-            let limit = req.size.saturating_add(self.conf.max_non_split_rounding);
-            if req.size >= max_split && candidate >= limit {
-                return None;
-            }
-        }
-        pool.remove(&self.blocks, id);
-        Some(id)
+            let limit = req.size.saturating_add(max_non_split_rounding);
+            !(req.size >= max_split && candidate >= limit)
+        })
     }
 
     /// torch's `alloc_block`: one new segment from the device; `Ok(None)` is out of memory

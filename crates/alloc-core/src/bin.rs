@@ -30,6 +30,17 @@ impl Default for Bin {
     }
 }
 
+/// An entry of a [`Bin`] and where it sits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Found {
+    /// Its index in a vector bin (unused in a tree bin).
+    at: usize,
+    /// Its key.
+    pub(crate) key: u128,
+    /// Its block.
+    pub(crate) id: BlockId,
+}
+
 /// Ascending (or, reversed, descending) entries of a [`Bin`] within a key range.
 pub(crate) enum Iter<'a> {
     Small(core::slice::Iter<'a, (u128, BlockId)>),
@@ -124,10 +135,34 @@ impl Bin {
         }
     }
 
-    /// The first entry with a key at or above `key`.
+    /// The first entry with a key at or above `key`, and its position for [`Bin::remove_at`].
     #[inline]
-    pub(crate) fn first_from(&self, key: u128) -> Option<(u128, BlockId)> {
-        self.range(key..).next()
+    pub(crate) fn find_from(&self, key: u128) -> Option<Found> {
+        match self {
+            Bin::Small(v) => {
+                let at = v.partition_point(|e| e.0 < key);
+                v.get(at).map(|&(key, id)| Found { at, key, id })
+            }
+            Bin::Large(m) => m
+                .range(key..)
+                .next()
+                .map(|(&key, &id)| Found { at: 0, key, id }),
+        }
+    }
+
+    /// Removes an entry found by [`Bin::find_from`] with no change in between: no second
+    /// search in a vector bin.
+    #[inline]
+    pub(crate) fn remove_at(&mut self, found: Found) {
+        match self {
+            Bin::Small(v) => {
+                debug_assert_eq!(v[found.at].0, found.key);
+                v.remove(found.at);
+            }
+            Bin::Large(_) => {
+                self.remove(found.key);
+            }
+        }
     }
 
     /// Entries within `range`, in key order (reverse it for descending).
@@ -175,10 +210,8 @@ mod tests {
             let want: Vec<_> = model.iter().map(|(&k, &v)| (k, v)).collect();
             assert_eq!(all, want);
             for probe in [0u128, 5, 10, 995, 1990, 1995, 5000] {
-                assert_eq!(
-                    bin.first_from(probe),
-                    model.range(probe..).next().map(|(&k, &v)| (k, v))
-                );
+                let want = model.range(probe..).next().map(|(&k, &v)| (k, v));
+                assert_eq!(bin.find_from(probe).map(|f| (f.key, f.id)), want);
                 let below: Vec<_> = bin.range(..probe).rev().collect();
                 let want: Vec<_> = model.range(..probe).rev().map(|(&k, &v)| (k, v)).collect();
                 assert_eq!(below, want);
@@ -193,8 +226,14 @@ mod tests {
         assert!(!bin.remove(3));
         assert!(matches!(bin, Bin::Small(_)));
         check(&bin, &model);
+        // Take the first entry at or after 1905 (1910) by position, then the rest.
+        let found = bin.find_from(1905).unwrap();
+        assert_eq!(found.key, 1910);
+        bin.remove_at(found);
+        model.remove(&1910);
+        check(&bin, &model);
         for i in 190..200u128 {
-            assert!(bin.remove(i * 10));
+            assert_eq!(bin.remove(i * 10), i != 191);
         }
         assert!(bin.is_empty());
     }

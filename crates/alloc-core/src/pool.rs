@@ -11,7 +11,7 @@
 
 use alloc::vec::Vec;
 
-use crate::bin::Bin;
+use crate::bin::{Bin, Found};
 use crate::block::{BlockId, Blocks};
 use crate::device::StreamId;
 
@@ -104,15 +104,24 @@ impl StreamBlocks {
         range.filter(|&c| self.occupied[c / 64] & (1 << (c % 64)) != 0)
     }
 
-    /// The first entry with key ≥ `k`.
+    /// The first entry with key ≥ `k` and its class.
     #[inline]
-    fn first_from(&self, k: u128) -> Option<(u128, BlockId)> {
+    fn find_from(&self, k: u128) -> Option<(usize, Found)> {
         let c = class(size_of(k));
-        if let Some(found) = self.bins[c].first_from(k) {
-            return Some(found);
+        if let Some(found) = self.bins[c].find_from(k) {
+            return Some((c, found));
         }
         let next = self.next_class(c + 1)?;
-        self.bins[next].range(..).next()
+        Some((next, self.bins[next].find_from(0)?))
+    }
+
+    /// Removes an entry just found by [`StreamBlocks::find_from`].
+    #[inline]
+    fn remove_found(&mut self, c: usize, found: Found) {
+        self.bins[c].remove_at(found);
+        if self.bins[c].is_empty() {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
     }
 
     /// Entries with key ≥ `k`, ascending.
@@ -192,11 +201,26 @@ impl BlockPool {
             .is_some_and(|(_, m)| m.remove(k))
     }
 
-    /// The smallest free block on `stream` at least `size` bytes large: (its size, its id).
+    /// Takes the smallest free block on `stream` at least `size` bytes large out of the pool
+    /// if `accept` agrees to its size; one search serves both the lookup and the removal.
     #[inline]
-    pub(crate) fn best_fit(&self, stream: StreamId, size: u64) -> Option<(u64, BlockId)> {
-        let (k, id) = self.stream(stream)?.first_from(key(size, 0))?;
-        Some((size_of(k), id))
+    pub(crate) fn take_best_fit(
+        &mut self,
+        stream: StreamId,
+        size: u64,
+        accept: impl FnOnce(u64) -> bool,
+    ) -> Option<BlockId> {
+        let blocks = self
+            .streams
+            .iter_mut()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, m)| m)?;
+        let (c, found) = blocks.find_from(key(size, 0))?;
+        if !accept(size_of(found.key)) {
+            return None;
+        }
+        blocks.remove_found(c, found);
+        Some(found.id)
     }
 
     /// Free blocks on `stream` of at least `size` bytes, smallest first.

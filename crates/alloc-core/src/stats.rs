@@ -41,13 +41,16 @@ impl Stat {
     }
 
     /// Applies a signed net change as one increase or one decrease, as torch does.
+    ///
+    /// Written without branches (the sign of a merge's net change is data-dependent, so a
+    /// branch on it is mispredicted often): a decrease cannot raise the peak, and the side
+    /// that does not apply adds zero.
     #[inline]
     pub fn apply(&mut self, delta: i64) {
-        if delta > 0 {
-            self.increase(delta.unsigned_abs());
-        } else if delta < 0 {
-            self.decrease(delta.unsigned_abs());
-        }
+        self.current = self.current.saturating_add(delta);
+        self.peak = self.peak.max(self.current);
+        self.allocated = self.allocated.saturating_add(delta.max(0));
+        self.freed = self.freed.saturating_add(delta.saturating_neg().max(0));
     }
 
     fn reset_peak(&mut self) {
