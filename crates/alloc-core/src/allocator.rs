@@ -82,6 +82,9 @@ impl core::fmt::Display for Notice {
 /// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
 const MAX_PADDED: u64 = 1 << 63;
 
+/// The most bytes all segments together may hold: the largest value of an i64 statistic.
+const MAX_RESERVE: u64 = i64::MAX as u64;
+
 /// What a request needs, computed once per `malloc`: torch's `AllocParams`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Request {
@@ -267,6 +270,12 @@ impl<D: Device> Allocator<D> {
             .allowed
             .is_some_and(|allowed| self.total_allocated + size > allowed)
         {
+            return Ok(None);
+        }
+        // torch's statistics are int64: a reserve they cannot count (past 8 EiB, which only a
+        // simulated device offers) is out of memory. This bound is what lets every current
+        // statistic be updated without overflow checks.
+        if self.total_allocated + size > MAX_RESERVE {
             return Ok(None);
         }
         let addr = match self.device.malloc(size) {

@@ -20,24 +20,36 @@ pub struct Stat {
     pub freed: i64,
 }
 
+/// `total + n` for the never-negative `allocated` / `freed` totals, stopping at `i64::MAX`.
+///
+/// Totals grow for the allocator's whole life (8 EiB is ~100 days at 1 TB/s of allocations), so
+/// unlike current values they can reach the limit; torch's int64 would then wrap negative.
+/// Cheaper than `saturating_add`: neither side is negative, so the sum fits in a `u64`.
+#[inline]
+fn add_total(total: i64, n: i64) -> i64 {
+    (total as u64).wrapping_add(n as u64).min(i64::MAX as u64) as i64
+}
+
 impl Stat {
     /// Adds `n`: torch's `increase_stat`.
+    ///
+    /// `current` cannot overflow inside the allocator: every byte stat is bounded by the reserve,
+    /// which never passes `i64::MAX` (a larger one is out of memory), and counts by the number
+    /// of blocks. For any other caller it wraps, as torch's int64 would.
     #[inline]
     pub fn increase(&mut self, n: u64) {
-        // Stats are i64 as in torch; past 8 EiB (only a simulated device can get there) they
-        // saturate instead of overflowing.
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        self.current = self.current.saturating_add(n);
+        let n = n as i64;
+        self.current = self.current.wrapping_add(n);
         self.peak = self.peak.max(self.current);
-        self.allocated = self.allocated.saturating_add(n);
+        self.allocated = add_total(self.allocated, n);
     }
 
     /// Removes `n`: torch's `decrease_stat`.
     #[inline]
     pub fn decrease(&mut self, n: u64) {
-        let n = i64::try_from(n).unwrap_or(i64::MAX);
-        self.current = self.current.saturating_sub(n);
-        self.freed = self.freed.saturating_add(n);
+        let n = n as i64;
+        self.current = self.current.wrapping_sub(n);
+        self.freed = add_total(self.freed, n);
     }
 
     /// Applies a signed net change as one increase or one decrease, as torch does.
@@ -47,10 +59,10 @@ impl Stat {
     /// that does not apply adds zero.
     #[inline]
     pub fn apply(&mut self, delta: i64) {
-        self.current = self.current.saturating_add(delta);
+        self.current = self.current.wrapping_add(delta);
         self.peak = self.peak.max(self.current);
-        self.allocated = self.allocated.saturating_add(delta.max(0));
-        self.freed = self.freed.saturating_add(delta.saturating_neg().max(0));
+        self.allocated = add_total(self.allocated, delta.max(0));
+        self.freed = add_total(self.freed, delta.wrapping_neg().max(0));
     }
 
     fn reset_peak(&mut self) {
@@ -311,6 +323,30 @@ mod tests {
                 freed: 15
             }
         );
+    }
+
+    #[test]
+    fn totals_stop_at_i64_max_and_current_never_saturates() {
+        let mut s = Stat {
+            current: 10,
+            peak: 10,
+            allocated: i64::MAX - 5,
+            freed: i64::MAX - 1,
+        };
+        s.increase(100);
+        s.decrease(3);
+        assert_eq!(
+            s,
+            Stat {
+                current: 107,
+                peak: 110,
+                allocated: i64::MAX,
+                freed: i64::MAX
+            }
+        );
+        s.apply(-7);
+        s.apply(1);
+        assert_eq!((s.current, s.allocated, s.freed), (101, i64::MAX, i64::MAX));
     }
 
     #[test]

@@ -118,9 +118,10 @@ fn gpt2_step_reserves_no_more_than_pytorch() {
 }
 
 #[test]
-fn stats_saturate_past_8_eib_instead_of_overflowing() {
-    // A legal trace on an absurd simulated device: nine allocations just under 1 EiB reserve
-    // more than i64::MAX bytes. The replay must not panic; the stats saturate.
+fn a_reserve_past_8_eib_is_out_of_memory() {
+    // A legal trace on an absurd simulated device: nine allocations just under 1 EiB (each a
+    // 1 EiB segment). torch's int64 stats cannot count a reserve past i64::MAX bytes, so the
+    // eighth and ninth are out of memory and every stat stays exact.
     let mut text = String::from("capacity 18446744073709551615\npad 0\n");
     for i in 0..9 {
         text.push_str(&format!("alloc a{i} 1152921504606846975\n"));
@@ -128,7 +129,9 @@ fn stats_saturate_past_8_eib_instead_of_overflowing() {
     let trace = testkit::trace::parse_str("huge.trace", &text).unwrap();
     let setup = Setup::from_trace(&trace, alloc_conf::AllocConf::default(), None, None);
     let r = replay(&trace, &setup).unwrap();
-    assert_eq!(r.counts.ooms, 0);
-    assert_eq!(get(&r, "end", "reserved_bytes.all.current"), i64::MAX);
-    assert_eq!(get(&r, "end", "allocation.all.current"), 9);
+    assert_eq!(r.counts.ooms, 2);
+    assert_eq!(get(&r, "end", "reserved_bytes.all.current"), 7 << 60);
+    assert_eq!(get(&r, "end", "allocated_bytes.large_pool.peak"), 7 << 60);
+    assert_eq!(get(&r, "end", "allocation.all.current"), 7);
+    assert_eq!(get(&r, "end", "num_ooms"), 2);
 }
