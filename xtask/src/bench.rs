@@ -33,12 +33,50 @@ struct Case {
     ns: f64,
     baseline: Option<String>,
     baseline_ns: Option<f64>,
+    /// For paired cases the median of per-sample ratios, else `ns / baseline_ns`.
+    ratio: Option<f64>,
     target: Option<f64>,
 }
 
 impl Case {
-    fn ratio(&self) -> Option<f64> {
-        self.baseline_ns.map(|b| self.ns / b)
+    /// A case timed on its own against a baseline timed separately (or a fixed figure).
+    fn separate(
+        name: &'static str,
+        blocks: Option<u64>,
+        ns: f64,
+        baseline: Option<(String, f64)>,
+        target: Option<f64>,
+    ) -> Case {
+        Case {
+            name,
+            blocks,
+            ns,
+            ratio: baseline.as_ref().map(|(_, b)| ns / b),
+            baseline_ns: baseline.as_ref().map(|(_, b)| *b),
+            baseline: baseline.map(|(n, _)| n),
+            target,
+        }
+    }
+
+    /// A case timed interleaved with its baseline (`testkit::paired`), if it ran.
+    fn paired(
+        name: &'static str,
+        id: &str,
+        blocks: Option<u64>,
+        target: Option<f64>,
+    ) -> Option<Case> {
+        let text =
+            std::fs::read_to_string(testkit::paired::result_path(&criterion_home(), id)).ok()?;
+        let v: Value = serde_json::from_str(&text).ok()?;
+        Some(Case {
+            name,
+            blocks,
+            ns: v["ns"].as_f64()?,
+            baseline: Some(format!("{} (interleaved)", v["baseline"].as_str()?)),
+            baseline_ns: v["baseline_ns"].as_f64(),
+            ratio: v["ratio"].as_f64(),
+            target,
+        })
     }
 
     fn json(&self) -> Value {
@@ -48,7 +86,7 @@ impl Case {
             "ns": round(self.ns),
             "baseline": self.baseline,
             "baseline_ns": self.baseline_ns.map(round),
-            "ratio": self.ratio().map(|r| (r * 1000.0).round() / 1000.0),
+            "ratio": self.ratio.map(|r| (r * 1000.0).round() / 1000.0),
             "target": self.target,
         })
     }
@@ -111,94 +149,69 @@ fn run_benches(quick: bool) -> bool {
 
 fn cases() -> Vec<Case> {
     let mut out = Vec::new();
-    let core16 = median_ns("core_hit/16");
     for n in BLOCKS {
-        let Some(ns) = median_ns(&format!("core_hit/{n}")) else {
+        let id = format!("core_hit/{n}");
+        let Some(case) = Case::paired("core_hit", &id, Some(n), (n == 256).then_some(1.5)) else {
             continue;
         };
-        let bestfit = median_ns(&format!("bestfit_hit/{n}"));
-        out.push(Case {
-            name: "core_hit",
-            blocks: Some(n),
-            ns,
-            baseline: bestfit.map(|_| format!("bestfit_hit/{n}")),
-            baseline_ns: bestfit,
-            target: (n == 256).then_some(1.5),
-        });
+        let ns = case.ns;
+        out.push(case);
         if let Some(tlsf) = median_ns(&format!("offset_allocator/{n}")) {
-            out.push(Case {
-                name: "core_hit_vs_offset_allocator",
-                blocks: Some(n),
+            let baseline = Some((format!("offset_allocator/{n}"), tlsf));
+            out.push(Case::separate(
+                "core_hit_vs_offset_allocator",
+                Some(n),
                 ns,
-                baseline: Some(format!("offset_allocator/{n}")),
-                baseline_ns: Some(tlsf),
-                target: None,
-            });
+                baseline,
+                None,
+            ));
         }
-        if n != 16 {
-            out.push(Case {
-                name: "core_hit_scaling",
-                blocks: Some(n),
-                ns,
-                baseline: core16.map(|_| "core_hit/16".into()),
-                baseline_ns: core16,
-                target: (n == 65536).then_some(2.0),
-            });
-        }
+        let target = (n == 65536).then_some(2.0);
+        let id = format!("core_hit_scaling/{n}");
+        out.extend(Case::paired("core_hit_scaling", &id, Some(n), target));
     }
+    let core16 = median_ns("core_hit/16").map(|ns| ("core_hit/16".to_string(), ns));
     for name in ["core_split_merge", "core_miss"] {
         if let Some(ns) = median_ns(name) {
-            out.push(Case {
-                name,
-                blocks: None,
-                ns,
-                baseline: core16.map(|_| "core_hit/16".into()),
-                baseline_ns: core16,
-                target: None,
-            });
+            out.push(Case::separate(name, None, ns, core16.clone(), None));
         }
     }
-    if let Some(ns) = median_ns("runtime_hit") {
-        // The core pair measured in the runtime bench's own binary, just before.
-        let core = median_ns("runtime_core_hit");
-        out.push(Case {
-            name: "runtime_hit",
-            blocks: Some(16),
-            ns,
-            baseline: core.map(|_| "runtime_core_hit (= core_hit/16)".into()),
-            baseline_ns: core,
-            target: Some(1.3),
-        });
-    }
+    out.extend(Case::paired(
+        "runtime_hit",
+        "runtime_hit",
+        Some(16),
+        Some(1.3),
+    ));
     if let Some(total) = median_ns("replay/200000") {
         // Per operation, against the 10 million operations per second target (100 ns).
-        out.push(Case {
-            name: "replay_per_op",
-            blocks: None,
-            ns: total / REPLAY_OPS,
-            baseline: Some("10M ops/s".into()),
-            baseline_ns: Some(100.0),
-            target: Some(1.0),
-        });
+        let baseline = Some(("10M ops/s".to_string(), 100.0));
+        let ns = total / REPLAY_OPS;
+        out.push(Case::separate(
+            "replay_per_op",
+            None,
+            ns,
+            baseline,
+            Some(1.0),
+        ));
     }
     out
 }
 
 fn print_table(cases: &[Case]) {
     println!(
-        "{:<30} {:>7} {:>10} {:<24} {:>10} {:>7} {:>7}",
+        "{:<30} {:>7} {:>10} {:<32} {:>10} {:>7} {:>7}",
         "case", "blocks", "ns", "baseline", "base ns", "ratio", "target"
     );
     for c in cases {
         let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
         println!(
-            "{:<30} {:>7} {:>10.1} {:<24} {:>10} {:>7} {:>7}",
+            "{:<30} {:>7} {:>10.1} {:<32} {:>10} {:>7} {:>7}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
             c.ns,
             c.baseline.as_deref().unwrap_or("-"),
             opt(c.baseline_ns, 1),
-            opt(c.ratio(), 3),
+            opt(c.ratio, 3),
             c.target.map_or("-".into(), |t| format!("≤{t}")),
         );
     }

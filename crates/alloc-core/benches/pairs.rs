@@ -1,9 +1,10 @@
 //! Cost of one malloc + free pair, with baselines measured in the same run so every figure can be
 //! read as a ratio (`cargo xtask bench` prints them).
 //!
-//! - `core_hit/N`: a cache hit on `alloc-core` with N cached blocks of mixed sizes, both pools.
-//! - `bestfit_hit/N`: the same on a bare best-fit map (ordered set + hash map, no split, no
-//!   stats): the least a best-fit cache can do.
+//! - `core_hit/N`: a cache hit on `alloc-core` with N cached blocks of mixed sizes, both pools,
+//!   timed interleaved with the same pair on a bare best-fit map (ordered set + hash map, no
+//!   split, no stats: the least a best-fit cache can do; see `testkit::paired`).
+//! - `core_hit_scaling/N`: the pair with N cached blocks interleaved with the pair with 16.
 //! - `offset_allocator/N`: the `offset-allocator` crate (TLSF-style, O(1)) with N blocks live.
 //! - `core_split_merge`: a request carved from a larger cached block and merged back on free.
 //! - `core_miss`: a miss that goes to the device, then `empty_cache` returns the segment.
@@ -15,33 +16,60 @@
 use std::hint::black_box;
 
 use alloc_core::{AllocConf, Allocator, DeviceFacts, StreamId};
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
-use testkit::SimDevice;
-use testkit::workload::{BestFit, cached_allocator, hit_size, synthetic_trace};
+use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use testkit::workload::{BestFit, cached_allocator, hit_size};
+use testkit::{Paired, SimDevice, workload::synthetic_trace};
 
 /// Cached-block counts of the hit benchmarks.
 const BLOCKS: [usize; 4] = [16, 256, 4096, 65536];
 
+/// Call `i` of a hit benchmark: malloc + free of the `i`-th hit size.
+fn core_pair(alloc: &mut Allocator<SimDevice>, i: u64) {
+    let p = alloc
+        .malloc(black_box(hit_size(i as usize)), StreamId(0))
+        .unwrap();
+    alloc.free(black_box(p)).unwrap();
+}
+
+/// Runs `a` against `b` as the paired criterion benchmark `id` and saves the ratio.
+fn paired(
+    c: &mut Criterion,
+    id: &str,
+    baseline: &str,
+    mut a: impl FnMut(u64),
+    mut b: impl FnMut(u64),
+) {
+    let mut pair = Paired::new(id, baseline);
+    c.bench_function(id, |bench| {
+        bench.iter_custom(|iters| pair.run(iters, &mut a, &mut b))
+    });
+    pair.save().expect("writing the paired result");
+}
+
 fn hits(c: &mut Criterion) {
+    let (mut core16, _live16) = cached_allocator(16);
     for n in BLOCKS {
         let (mut alloc, _live) = cached_allocator(n);
-        let mut i = 0;
-        c.bench_function(&format!("core_hit/{n}"), |b| {
-            b.iter(|| {
-                i += 1;
-                let p = alloc.malloc(black_box(hit_size(i)), StreamId(0)).unwrap();
-                alloc.free(black_box(p)).unwrap();
-            })
-        });
         let mut map = BestFit::with_cached(n);
-        let mut i = 0;
-        c.bench_function(&format!("bestfit_hit/{n}"), |b| {
-            b.iter(|| {
-                i += 1;
-                let p = map.malloc(black_box(hit_size(i))).unwrap();
+        paired(
+            c,
+            &format!("core_hit/{n}"),
+            &format!("bestfit_hit/{n}"),
+            |i| core_pair(&mut alloc, i),
+            |i| {
+                let p = map.malloc(black_box(hit_size(i as usize))).unwrap();
                 map.free(black_box(p));
-            })
-        });
+            },
+        );
+        if n != 16 {
+            paired(
+                c,
+                &format!("core_hit_scaling/{n}"),
+                "core_hit/16",
+                |i| core_pair(&mut alloc, i),
+                |i| core_pair(&mut core16, i),
+            );
+        }
         // offset-allocator counts in u32 units: 4 KiB units keep 2N blocks of up to 64 MiB in range.
         let unit = |size: u64| (size.div_ceil(4096)) as u32;
         let mut oa =
@@ -102,7 +130,9 @@ fn replay(c: &mut Criterion) {
     let setup = testkit::Setup::from_trace(&trace, AllocConf::default(), None, None);
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(OPS as u64));
-    group.sample_size(10);
+    // Flat sampling: ten samples of the same iteration count fit the quick run's one second,
+    // where linear sampling's 1 + 2 + ... + 10 iterations would not.
+    group.sample_size(10).sampling_mode(SamplingMode::Flat);
     group.bench_function(format!("{OPS}"), |b| {
         b.iter_batched(
             || (),

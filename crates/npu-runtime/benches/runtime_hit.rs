@@ -1,7 +1,8 @@
 //! Cost of one malloc + free cache hit through the runtime: device lookup, the per-device lock,
-//! the event poll, the owner map and the policy core. `runtime_core_hit` is the same pair on the
-//! bare `alloc-core` allocator (alloc-core's `core_hit/16`), measured in this binary right before,
-//! so `cargo xtask bench` can divide one by the other without run-to-run noise.
+//! the event poll, the address routing of `free` and the policy core. It is timed interleaved
+//! with the same pair on the bare `alloc-core` allocator (alloc-core's `core_hit/16` population;
+//! see `testkit::paired`), so `cargo xtask bench` divides one by the other without run-to-run
+//! noise.
 
 // criterion_group! generates an undocumented function.
 #![allow(missing_docs)]
@@ -12,7 +13,7 @@ use alloc_core::{Device, DeviceError, MemInfo, StreamId};
 use criterion::{Criterion, criterion_group, criterion_main};
 use npu_runtime::{Backend, Config, Runtime};
 use testkit::workload::{cached_allocator, hit_size};
-use testkit::{SimDevice, SimError};
+use testkit::{Paired, SimDevice, SimError};
 
 /// One simulated device with unlimited memory and no pad, like `core_hit`'s allocator.
 struct SimBackend;
@@ -53,14 +54,6 @@ impl Backend for SimBackend {
 
 fn runtime_hit(c: &mut Criterion) {
     let (mut core, _live) = cached_allocator(16);
-    let mut i = 0;
-    c.bench_function("runtime_core_hit", |b| {
-        b.iter(|| {
-            i += 1;
-            let p = core.malloc(black_box(hit_size(i)), StreamId(0)).unwrap();
-            core.free(black_box(p)).unwrap();
-        })
-    });
     let rt = Runtime::new(SimBackend, Config::default());
     // The population of `core_hit/16`: 16 free blocks, each between two live ones.
     let mut live = Vec::new();
@@ -69,14 +62,25 @@ fn runtime_hit(c: &mut Criterion) {
         let hole = rt.malloc(hit_size(j), 0, 0).unwrap();
         rt.free(hole).unwrap();
     }
-    let mut i = 0;
+    let mut pair = Paired::new("runtime_hit", "core_hit/16");
     c.bench_function("runtime_hit", |b| {
-        b.iter(|| {
-            i += 1;
-            let p = rt.malloc(black_box(hit_size(i)), 0, 0).unwrap();
-            rt.free(black_box(p)).unwrap();
+        b.iter_custom(|iters| {
+            pair.run(
+                iters,
+                |i| {
+                    let p = rt.malloc(black_box(hit_size(i as usize)), 0, 0).unwrap();
+                    rt.free(black_box(p)).unwrap();
+                },
+                |i| {
+                    let p = core
+                        .malloc(black_box(hit_size(i as usize)), StreamId(0))
+                        .unwrap();
+                    core.free(black_box(p)).unwrap();
+                },
+            )
         })
     });
+    pair.save().expect("writing the paired result");
 }
 
 criterion_group!(benches, runtime_hit);

@@ -116,6 +116,14 @@ fn device_error<E>(e: DeferError<E>) -> RuntimeError<E> {
     }
 }
 
+fn alloc_error<E>(e: AllocError<DeferError<E>>) -> RuntimeError<E> {
+    match e {
+        AllocError::OutOfMemory(oom) => RuntimeError::OutOfMemory(oom),
+        AllocError::TooLarge { size } => RuntimeError::TooLarge { size },
+        AllocError::Device(e) => device_error(e),
+    }
+}
+
 fn free_error<E>(e: FreeError<DeferError<E>>) -> RuntimeError<E> {
     match e {
         FreeError::ForeignPointer { addr } => RuntimeError::InvalidPointer { addr },
@@ -165,12 +173,26 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// `malloc(size, stream)`; see the module doc for `release_lock_on_npumalloc`.
+    #[inline]
     pub(crate) fn malloc(
         &self,
         size: u64,
         stream: StreamId,
     ) -> Result<u64, RuntimeError<B::Error>> {
-        let mut defer = self.release_lock;
+        if self.release_lock {
+            return self.malloc_releasing_lock(size, stream);
+        }
+        // Nothing is ever deferred or prefetched: the device is called under the lock.
+        self.lock().malloc(size, stream).map_err(alloc_error)
+    }
+
+    /// `malloc` with `release_lock_on_npumalloc:True`.
+    fn malloc_releasing_lock(
+        &self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<u64, RuntimeError<B::Error>> {
+        let mut defer = true;
         let mut guard = self.lock();
         let result = loop {
             guard.device_mut().defer_next = defer;
@@ -195,14 +217,11 @@ impl<B: Backend> DeviceAllocator<B> {
                 log::warn!("NPU {}: freeing an unused segment failed: {e}", self.index);
             }
         }
-        result.map_err(|e| match e {
-            AllocError::OutOfMemory(oom) => RuntimeError::OutOfMemory(oom),
-            AllocError::TooLarge { size } => RuntimeError::TooLarge { size },
-            AllocError::Device(e) => device_error(e),
-        })
+        result.map_err(alloc_error)
     }
 
     /// `free(addr)`.
+    #[inline]
     pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<B::Error>> {
         self.lock().free(addr).map_err(free_error)
     }

@@ -74,13 +74,20 @@ impl<T> OnceSlot<T> {
 
     /// The value, created by `create` if this is the first call; a failed creation leaves the
     /// slot empty for the next caller.
+    #[inline]
     pub(crate) fn get_or_try_init<E>(
         &self,
         create: impl FnOnce() -> Result<T, E>,
     ) -> Result<&T, E> {
-        if let Some(value) = self.value.get() {
-            return Ok(value);
+        match self.value.get() {
+            Some(value) => Ok(value),
+            None => self.init(create),
         }
+    }
+
+    /// The first-use path of [`OnceSlot::get_or_try_init`], out of the hot path.
+    #[cold]
+    fn init<E>(&self, create: impl FnOnce() -> Result<T, E>) -> Result<&T, E> {
         let _creating = self.init.lock();
         if let Some(value) = self.value.get() {
             return Ok(value);

@@ -8,6 +8,7 @@
 
 pub mod check;
 pub mod fault;
+pub mod paired;
 pub mod replay;
 pub mod sim_device;
 pub mod size;
@@ -17,6 +18,7 @@ pub mod workload;
 
 pub use check::{Inconsistency, check_allocations, check_consistency};
 pub use fault::{DeviceCall, Fault};
+pub use paired::{Paired, PairedResult};
 pub use replay::{OpCounts, ReplayError, ReplayReport, Setup, StatsRecord, replay};
 pub use sim_device::{
     BASE_ADDRESS, DEFAULT_CAPACITY, SEGMENT_ALIGNMENT, SimDevice, SimError, SimEvent,

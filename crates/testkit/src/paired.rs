@@ -1,0 +1,200 @@
+//! Interleaved A/B timing for the benchmarks whose target is a ratio.
+//!
+//! On a shared machine the speed of the same code drifts by tens of percent between runs, and
+//! two criterion benchmarks run one after the other see different machines: their ratio is
+//! noise. A [`Paired`] measures the case (A) and its baseline (B) in alternating chunks inside
+//! every criterion sample (A B, then B A, ...), so both see the same conditions, and keeps the
+//! ratio of each sample. Criterion still reports A's time; the baseline's time and the median
+//! ratio go to a small JSON file next to criterion's results, which `cargo xtask bench` reads.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Calls of A (and of B) timed between two clock reads: ~10–50 µs of work, so the clock's
+/// cost is noise, and short enough that A and B alternate many times per sample.
+const CHUNK: u64 = 256;
+
+/// The file under `$CRITERION_HOME/paired/` that holds a paired benchmark's result.
+pub fn result_path(home: &std::path::Path, id: &str) -> PathBuf {
+    home.join("paired")
+        .join(format!("{}.json", id.replace('/', "_")))
+}
+
+/// Interleaved timings of one benchmark and its baseline.
+#[derive(Debug)]
+pub struct Paired {
+    id: String,
+    baseline: String,
+    /// Per criterion sample: (calls of each, time of A, time of B).
+    samples: Vec<(u64, Duration, Duration)>,
+}
+
+/// What a [`Paired`] found: per-call times and the median of the per-sample ratios A / B.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairedResult {
+    /// Median time of one call of A, in ns.
+    pub ns: f64,
+    /// Median time of one call of B, in ns.
+    pub baseline_ns: f64,
+    /// Median over samples of (time of A) / (time of B).
+    pub ratio: f64,
+    /// Samples the medians were taken over.
+    pub samples: usize,
+}
+
+impl Paired {
+    /// A paired benchmark `id` (criterion's id of A) against the baseline named `baseline`.
+    pub fn new(id: &str, baseline: &str) -> Self {
+        Paired {
+            id: id.to_owned(),
+            baseline: baseline.to_owned(),
+            samples: Vec::new(),
+        }
+    }
+
+    /// Runs `a` and `b` `iters` times each, interleaved in chunks, and returns A's time (what
+    /// criterion's `iter_custom` wants). Each closure gets a running call index.
+    pub fn run(&mut self, iters: u64, mut a: impl FnMut(u64), mut b: impl FnMut(u64)) -> Duration {
+        let (mut time_a, mut time_b) = (Duration::ZERO, Duration::ZERO);
+        let mut done = 0;
+        let mut a_first = true;
+        while done < iters {
+            let calls = done..done + CHUNK.min(iters - done);
+            if a_first {
+                time_a += timed(&mut a, calls.clone());
+                time_b += timed(&mut b, calls.clone());
+            } else {
+                time_b += timed(&mut b, calls.clone());
+                time_a += timed(&mut a, calls.clone());
+            }
+            a_first = !a_first;
+            done = calls.end;
+        }
+        self.samples.push((iters, time_a, time_b));
+        time_a
+    }
+
+    /// The medians over the samples of at least one whole chunk (criterion's first warm-up
+    /// calls run one or two iterations); `None` before any.
+    pub fn result(&self) -> Option<PairedResult> {
+        let full: Vec<_> = self
+            .samples
+            .iter()
+            .filter(|(n, _, b)| *n >= CHUNK && !b.is_zero())
+            .collect();
+        let per_call = |t: Duration, n: u64| t.as_secs_f64() * 1e9 / n as f64;
+        let ns = median(full.iter().map(|&&(n, a, _)| per_call(a, n)).collect())?;
+        let baseline_ns = median(full.iter().map(|&&(n, _, b)| per_call(b, n)).collect())?;
+        let ratio = median(
+            full.iter()
+                .map(|&&(_, a, b)| a.as_secs_f64() / b.as_secs_f64())
+                .collect(),
+        )?;
+        Some(PairedResult {
+            ns,
+            baseline_ns,
+            ratio,
+            samples: full.len(),
+        })
+    }
+
+    /// Writes the result under `$CRITERION_HOME/paired/` (set by `cargo xtask bench`); does
+    /// nothing when the variable is unset or nothing was measured (a filtered-out benchmark).
+    pub fn save(&self) -> std::io::Result<()> {
+        let (Some(home), Some(r)) = (std::env::var_os("CRITERION_HOME"), self.result()) else {
+            return Ok(());
+        };
+        let path = result_path(std::path::Path::new(&home), &self.id);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let json = serde_json::json!({
+            "id": self.id,
+            "baseline": self.baseline,
+            "ns": r.ns,
+            "baseline_ns": r.baseline_ns,
+            "ratio": r.ratio,
+            "samples": r.samples,
+        });
+        std::fs::write(path, format!("{json}\n"))
+    }
+}
+
+/// Time of `f` called with each index of `calls` (generic, so nothing but the calls is timed).
+#[inline(always)]
+fn timed(f: &mut impl FnMut(u64), calls: core::ops::Range<u64>) -> Duration {
+    let start = Instant::now();
+    for i in calls {
+        f(i);
+    }
+    start.elapsed()
+}
+
+/// The median of `values` (the lower middle one for an even count); `None` when empty.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    Some(values[(values.len() - 1) / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_both_sides_the_same_number_of_times_in_alternating_order() {
+        let order = std::cell::RefCell::new(Vec::new());
+        let mut p = Paired::new("x/1", "y/1");
+        p.run(
+            2 * CHUNK + 10,
+            |i| order.borrow_mut().push(('a', i)),
+            |i| order.borrow_mut().push(('b', i)),
+        );
+        let order = order.into_inner();
+        assert_eq!(order.len() as u64, 2 * (2 * CHUNK + 10));
+        let firsts: Vec<char> = order.iter().map(|e| e.0).collect();
+        let n = CHUNK as usize;
+        // Chunk 1: A then B; chunk 2: B then A; the 10-call tail: A then B.
+        assert!(firsts[..n].iter().all(|&c| c == 'a'));
+        assert!(firsts[n..2 * n].iter().all(|&c| c == 'b'));
+        assert!(firsts[2 * n..3 * n].iter().all(|&c| c == 'b'));
+        assert!(firsts[3 * n..4 * n].iter().all(|&c| c == 'a'));
+        assert!(firsts[4 * n..4 * n + 10].iter().all(|&c| c == 'a'));
+        // Each side sees every call index once, in order.
+        let a: Vec<u64> = order.iter().filter(|e| e.0 == 'a').map(|e| e.1).collect();
+        assert_eq!(a, (0..2 * CHUNK + 10).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn result_is_the_median_over_whole_chunk_samples() {
+        let mut p = Paired::new("x", "y");
+        assert_eq!(p.result(), None);
+        let ms = Duration::from_millis;
+        // A warm-up call below one chunk is ignored.
+        p.samples.push((1, ms(100), ms(1)));
+        p.samples.push((CHUNK, ms(2), ms(1)));
+        p.samples.push((CHUNK, ms(3), ms(2)));
+        p.samples.push((2 * CHUNK, ms(8), ms(2)));
+        let r = p.result().unwrap();
+        assert_eq!(r.samples, 3);
+        let close = |x: f64, want: f64| (x - want).abs() < want * 1e-9;
+        assert!(close(r.ratio, 2.0), "ratios 2, 1.5, 4: {}", r.ratio);
+        let per_call = |ms: f64| ms * 1e6 / CHUNK as f64;
+        assert!(close(r.ns, per_call(3.0)), "per call 2, 3, 4 ms / CHUNK");
+        assert!(
+            close(r.baseline_ns, per_call(1.0)),
+            "per call 1, 2, 1 ms / CHUNK"
+        );
+    }
+
+    #[test]
+    fn result_files_are_named_by_id() {
+        let home = std::path::Path::new("/h");
+        assert_eq!(
+            result_path(home, "core_hit/256"),
+            PathBuf::from("/h/paired/core_hit_256.json")
+        );
+    }
+}
