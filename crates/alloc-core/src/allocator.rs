@@ -106,8 +106,12 @@ pub struct Allocator<D: Device> {
     pub(crate) blocks: Blocks,
     /// Indexed by `pool_index`: small, large.
     pub(crate) pools: [BlockPool; 2],
-    /// Allocated blocks by address.
-    pub(crate) live: HashMap<u64, BlockId>,
+    /// Blocks by address: every block handed out at least once, for as long as its record
+    /// exists. A freed block keeps its entry, so a cached block handed out again (the common
+    /// hit) needs no hash update, and `free` only looks up; an entry goes when its block is
+    /// merged into a neighbour or its segment is released. Whether the block is live is its
+    /// `allocated` flag.
+    pub(crate) by_addr: HashMap<u64, BlockId>,
     /// Segment start address → the block at that address (it keeps its id for the segment's life).
     pub(crate) segments: BTreeMap<u64, BlockId>,
     pub(crate) events: EventQueues<D::Event>,
@@ -164,7 +168,7 @@ impl<D: Device> Allocator<D> {
             facts,
             blocks: Blocks::default(),
             pools: [BlockPool::default(), BlockPool::default()],
-            live: HashMap::new(),
+            by_addr: HashMap::new(),
             segments: BTreeMap::new(),
             events: EventQueues::default(),
             stats,
@@ -320,18 +324,8 @@ impl<D: Device> Allocator<D> {
         if addr == 0 {
             return Ok(());
         }
-        // One hash operation on the hot path: take the block out of the live map first and put
-        // it back in the rare case that recording its stream events fails.
-        let Some(id) = self.live.remove(&addr) else {
-            return Err(self.pointer_error(addr));
-        };
-        let recorded = match self.record_free_events(id) {
-            Ok(recorded) => recorded,
-            Err(e) => {
-                self.live.insert(addr, id);
-                return Err(FreeError::Device(e));
-            }
-        };
+        let id = self.live_block(addr)?;
+        let recorded = self.record_free_events(id).map_err(FreeError::Device)?;
         let block = &mut self.blocks[id];
         block.allocated = false;
         let (pool, size) = (block.pool, block.size);
@@ -364,11 +358,23 @@ impl<D: Device> Allocator<D> {
     }
 
     /// The live block at `addr`, or why there is none.
+    #[inline]
     fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {
-        self.live
-            .get(&addr)
-            .copied()
-            .ok_or_else(|| self.pointer_error(addr))
+        match self.by_addr.get(&addr) {
+            Some(&id) if self.blocks[id].allocated => Ok(id),
+            // A cached block (or one whose free waits on events): inside a segment.
+            Some(_) => Err(FreeError::NotAllocated { addr }),
+            None => Err(self.pointer_error(addr)),
+        }
+    }
+
+    /// Drops the address-index entry of a block whose record is about to go.
+    #[inline]
+    pub(crate) fn unindex(&mut self, id: BlockId) {
+        let block = &self.blocks[id];
+        if block.indexed {
+            self.by_addr.remove(&block.addr);
+        }
     }
 
     /// Why `addr` is not a live allocation: it lies inside one of our segments, or it is foreign.

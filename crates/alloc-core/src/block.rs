@@ -28,6 +28,8 @@ pub(crate) struct Block {
     pub(crate) pool: PoolKind,
     /// Handed out to a caller and not yet freed.
     pub(crate) allocated: bool,
+    /// Has an entry in the allocator's address index (it was handed out at least once).
+    pub(crate) indexed: bool,
     /// The block just below in the same segment.
     pub(crate) prev: Option<BlockId>,
     /// The block just above in the same segment.
@@ -50,6 +52,7 @@ impl Block {
             stream,
             pool,
             allocated: false,
+            indexed: false,
             prev: None,
             next: None,
             event_count: 0,

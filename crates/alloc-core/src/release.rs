@@ -22,6 +22,7 @@ impl<D: Device> Allocator<D> {
         self.device.free(addr, size)?;
         self.pools[pool_index(pool)].remove(&self.blocks, id);
         self.segments.remove(&addr);
+        self.unindex(id);
         self.blocks.remove(id);
         self.total_allocated -= size;
         self.stats.num_device_free += 1;

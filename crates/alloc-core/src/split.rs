@@ -70,7 +70,10 @@ impl<D: Device> Allocator<D> {
         block.allocated = true;
         block.requested = req.requested;
         let (addr, size) = (block.addr, block.size);
-        self.live.insert(addr, id);
+        if !block.indexed {
+            block.indexed = true;
+            self.by_addr.insert(addr, id);
+        }
         self.stats.allocation.increase(pool, 1);
         self.stats.allocated_bytes.increase(pool, size);
         self.stats.active.increase(pool, 1);
@@ -132,6 +135,7 @@ impl<D: Device> Allocator<D> {
         if let Some(after) = after {
             self.blocks[after].prev = Some(lower);
         }
+        self.unindex(upper);
         self.blocks.remove(upper);
     }
 }
