@@ -135,6 +135,8 @@ fn run_benches(quick: bool) -> bool {
             "--bench",
             "pairs",
             "--bench",
+            "replay",
+            "--bench",
             "runtime_hit",
             "--",
             "--noplot",

@@ -8,7 +8,8 @@
 //! - `offset_allocator/N`: the `offset-allocator` crate (TLSF-style, O(1)) with N blocks live.
 //! - `core_split_merge`: a request carved from a larger cached block and merged back on free.
 //! - `core_miss`: a miss that goes to the device, then `empty_cache` returns the segment.
-//! - `replay/200000`: replay of a 200,000-operation synthetic trace (throughput per op).
+//!
+//! Replay throughput is the `replay` bench, a process of its own.
 
 // criterion_group! generates an undocumented function.
 #![allow(missing_docs)]
@@ -16,9 +17,9 @@
 use std::hint::black_box;
 
 use alloc_core::{AllocConf, Allocator, DeviceFacts, StreamId};
-use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group, criterion_main};
 use testkit::workload::{BestFit, cached_allocator, hit_size};
-use testkit::{Paired, SimDevice, workload::synthetic_trace};
+use testkit::{Paired, SimDevice};
 
 /// Cached-block counts of the hit benchmarks.
 const BLOCKS: [usize; 4] = [16, 256, 4096, 65536];
@@ -123,29 +124,9 @@ fn miss(c: &mut Criterion) {
     });
 }
 
-fn replay(c: &mut Criterion) {
-    const OPS: usize = 200_000;
-    let text = synthetic_trace(OPS, 256, 42);
-    let trace = testkit::trace::parse_str("synthetic", &text).unwrap();
-    let setup = testkit::Setup::from_trace(&trace, AllocConf::default(), None, None);
-    let mut group = c.benchmark_group("replay");
-    group.throughput(Throughput::Elements(OPS as u64));
-    // Flat sampling: ten samples of the same iteration count fit the quick run's one second,
-    // where linear sampling's 1 + 2 + ... + 10 iterations would not.
-    group.sample_size(10).sampling_mode(SamplingMode::Flat);
-    group.bench_function(format!("{OPS}"), |b| {
-        b.iter_batched(
-            || (),
-            |()| testkit::replay(&trace, &setup).unwrap(),
-            BatchSize::PerIteration,
-        )
-    });
-    group.finish();
-}
-
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = hits, split_merge, miss, replay
+    targets = hits, split_merge, miss
 }
 criterion_main!(benches);
