@@ -2,7 +2,7 @@
 //!
 //! torch keeps every live pointer in one hash map (`allocated_blocks`, sharded under locks)
 //! so that `free(ptr)` finds its device. Each device's `alloc-core` allocator already keeps its
-//! own live map, so a second one costs two extra lock/hash round trips per malloc + free for
+//! own address index, so a second one costs two extra lock/hash round trips per malloc + free for
 //! nothing. Instead each device records the lowest and highest address it ever returned
 //! ([`Span`]); `free` asks the opened devices whose span holds the pointer first, and the first
 //! that knows it answers. With one device in use that is one range check.
