@@ -109,3 +109,48 @@ fn a_fraction_outside_zero_to_one_is_refused() {
         );
     }
 }
+
+#[test]
+fn addresses_of_merged_or_released_blocks_are_not_live_and_reusable() {
+    // The address index keeps a freed block's entry while its record lives: a merge or a
+    // released segment must take the entry with it, and a block split off later at the same
+    // address must be found as the new block.
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(4096, S0).unwrap();
+    let y = a.malloc(4096, S0).unwrap();
+    assert_eq!(y, x + 4096);
+    a.free(y).unwrap();
+    a.free(x).unwrap(); // merges y's block into x's
+    // A new segment on another stream takes the record slot y's block had.
+    let w = a.malloc(4096, S1).unwrap();
+    for addr in [x, y] {
+        assert_eq!(
+            changes_nothing(&mut a, |a| a.free(addr)),
+            Err(FreeError::NotAllocated { addr })
+        );
+    }
+    a.free(w).unwrap();
+    // Reused: x's block again, then a new block split off at y's old address.
+    assert_eq!(a.malloc(4096, S0), Ok(x));
+    assert_eq!(a.malloc(8192, S0), Ok(y));
+    a.record_stream(y, S1).unwrap();
+    a.free(y).unwrap();
+    a.free(x).unwrap();
+    assert_eq!(a.pending_events(), 1);
+    a.device_mut().complete_all();
+    a.empty_cache().unwrap();
+    assert_eq!(a.device().outstanding_bytes(), 0);
+    // The segment is gone: both addresses are foreign now.
+    for addr in [x, y] {
+        assert_eq!(
+            changes_nothing(&mut a, |a| a.free(addr)),
+            Err(FreeError::ForeignPointer { addr })
+        );
+    }
+    let z = a.malloc(4096, S0).unwrap();
+    a.free(z).unwrap();
+    assert_eq!(
+        changes_nothing(&mut a, |a| a.free(z)),
+        Err(FreeError::NotAllocated { addr: z })
+    );
+}
