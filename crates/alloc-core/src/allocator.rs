@@ -10,8 +10,8 @@ use alloc::vec::Vec;
 use alloc_conf::AllocConf;
 use hashbrown::HashMap;
 
-use crate::block::{Block, BlockId, Blocks};
-use crate::device::{Device, DeviceError, StreamId};
+use crate::block::{BlockId, Blocks};
+use crate::device::{Device, StreamId};
 use crate::error::{AllocError, FractionError, FreeError, OutOfMemory};
 use crate::events::EventQueues;
 use crate::pool::BlockPool;
@@ -83,7 +83,7 @@ impl core::fmt::Display for Notice {
 const MAX_PADDED: u64 = 1 << 63;
 
 /// The most bytes all segments together may hold: the largest value of an i64 statistic.
-const MAX_RESERVE: u64 = i64::MAX as u64;
+pub(crate) const MAX_RESERVE: u64 = i64::MAX as u64;
 
 /// What a request needs, computed once per `malloc`: torch's `AllocParams`.
 #[derive(Debug, Clone, Copy)]
@@ -182,14 +182,18 @@ impl<D: Device> Allocator<D> {
         allocator
     }
 
-    /// Allocates `size` bytes for use on `stream`. Returns the address, or 0 for a zero-size request
-    /// (which changes no stats).
-    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, AllocError<D::Error>> {
+    /// Checks and sizes a request: `Ok(None)` for a zero-size one. Runs `process_events` first,
+    /// as torch's malloc does.
+    pub(crate) fn request(
+        &mut self,
+        size: u64,
+        stream: StreamId,
+    ) -> Result<Option<Request>, AllocError<D::Error>> {
         if size >= MAX_REQUEST {
             return Err(AllocError::TooLarge { size });
         }
         if size == 0 {
-            return Ok(0);
+            return Ok(None);
         }
         // With torch_npu's 32-byte pad the padded size stays far below 2^63; only an absurd pad
         // (a `DeviceFacts` field, or a trace's `pad` line) gets there, and rounding it would
@@ -199,39 +203,13 @@ impl<D: Device> Allocator<D> {
         };
         self.process_events().map_err(AllocError::Device)?;
         let rounded = size::round_size(padded, &self.conf);
-        let pool = PoolKind::for_size(rounded);
-        let req = Request {
+        Ok(Some(Request {
             stream,
             requested: size,
             size: rounded,
-            pool,
+            pool: PoolKind::for_size(rounded),
             alloc_size: size::allocation_size(rounded, &self.conf),
-        };
-        let id = match self.get_free_block(&req) {
-            Some(id) => id,
-            None => match self.miss(&req).map_err(AllocError::Device)? {
-                Some(id) => id,
-                None => return Err(AllocError::OutOfMemory(self.out_of_memory(&req))),
-            },
-        };
-        Ok(self.alloc_found_block(id, &req))
-    }
-
-    /// The miss path in torch's order; `Ok(None)` is out of memory.
-    fn miss(&mut self, req: &Request) -> Result<Option<BlockId>, D::Error> {
-        if self.gc_enabled() {
-            self.garbage_collect_cached_blocks()?;
-        }
-        if let Some(id) = self.alloc_block(req, false)? {
-            return Ok(Some(id));
-        }
-        if self.release_available_cached_blocks(req)? {
-            if let Some(id) = self.alloc_block(req, false)? {
-                return Ok(Some(id));
-            }
-        }
-        self.release_cached_blocks()?;
-        self.alloc_block(req, true)
+        }))
     }
 
     /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
@@ -260,49 +238,8 @@ impl<D: Device> Allocator<D> {
         })
     }
 
-    /// torch's `alloc_block`: one new segment from the device; `Ok(None)` is out of memory
-    /// (from the device or from the fraction limit, which never calls the device).
-    ///
-    /// Any other device error returns at once, as in CUDA. torch_npu instead runs the rest of the
-    /// retry chain before raising it; we keep the caller's error and the cache untouched.
-    fn alloc_block(&mut self, req: &Request, is_retry: bool) -> Result<Option<BlockId>, D::Error> {
-        if is_retry {
-            self.stats.num_alloc_retries += 1;
-        }
-        let size = req.alloc_size;
-        if self
-            .allowed
-            .is_some_and(|allowed| self.total_allocated + size > allowed)
-        {
-            return Ok(None);
-        }
-        // torch's statistics are int64: a reserve they cannot count (past 8 EiB, which only a
-        // simulated device offers) is out of memory. This bound is what lets every current
-        // statistic be updated without overflow checks.
-        if self.total_allocated + size > MAX_RESERVE {
-            return Ok(None);
-        }
-        let addr = match self.device.malloc(size) {
-            Ok(addr) => addr,
-            Err(DeviceError::OutOfMemory) => return Ok(None),
-            Err(DeviceError::Other(e)) => return Err(e),
-        };
-        self.total_allocated += size;
-        let id = self
-            .blocks
-            .insert(Block::segment(addr, size, req.stream, req.pool));
-        self.segments.insert(addr, id);
-        self.stats.segment.increase(req.pool, 1);
-        self.stats.reserved_bytes.increase(req.pool, size);
-        if self.is_oversize(size) {
-            self.stats.oversize_segments.increase(1);
-        }
-        self.stats.num_device_alloc += 1;
-        Ok(Some(id))
-    }
-
     /// Counts the OOM and builds the error with torch_npu's numbers.
-    fn out_of_memory(&mut self, req: &Request) -> OutOfMemory {
+    pub(crate) fn out_of_memory(&mut self, req: &Request) -> OutOfMemory {
         let info = self.device.mem_info();
         self.stats.num_ooms += 1;
         OutOfMemory {

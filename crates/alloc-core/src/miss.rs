@@ -1,0 +1,188 @@
+//! The miss path as resumable steps: torch's retry chain after `get_free_block` fails (GC,
+//! `alloc_block`, `release_available_cached_blocks` and `alloc_block`, `release_cached_blocks`
+//! and `alloc_block` again) stops at each device malloc and hands it to the caller.
+//!
+//! This is what lets a runtime release its lock around the device malloc, as torch_npu does
+//! with `release_lock_on_npumalloc:True`: [`Allocator::begin_malloc`] returns
+//! [`MallocStep::NeedSegment`], the runtime unlocks, allocates, relocks, and
+//! [`Allocator::resume_malloc`] carries on where the chain stopped. Other threads may use the
+//! allocator in between; as in torch_npu, the chain then goes on without looking at the cache
+//! again. [`Allocator::malloc`] is the same loop with the device called in place.
+
+use crate::allocator::{Allocator, MAX_RESERVE, Request};
+use crate::block::{Block, BlockId};
+use crate::device::{Device, DeviceError, StreamId};
+use crate::error::AllocError;
+
+/// What the pool lookup of a malloc found.
+enum Lookup {
+    /// An address to return (0 for a zero-size request).
+    Found(u64),
+    /// Nothing: the miss path runs.
+    Miss(Request),
+}
+
+/// Which `alloc_block` of the retry chain a segment request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The first, right after the pool lookup (and GC) failed.
+    First,
+    /// After `release_available_cached_blocks` freed enough oversize blocks.
+    AfterRelease,
+    /// The last, after `release_cached_blocks` (counted in `num_alloc_retries`).
+    Retry,
+}
+
+/// A `malloc` stopped at a device malloc; give it back to [`Allocator::resume_malloc`] with the
+/// device's answer.
+#[derive(Debug, Clone, Copy)]
+#[must_use = "a pending malloc must be resumed with the device's answer, or a segment leaks"]
+pub struct PendingMalloc {
+    req: Request,
+    stage: Stage,
+}
+
+/// Where a `malloc` stands: finished, or waiting for a device segment.
+#[derive(Debug)]
+pub enum MallocStep<E> {
+    /// The malloc finished: the address (0 for a zero-size request) or why not.
+    Done(Result<u64, AllocError<E>>),
+    /// Allocate `bytes` on the device, then call [`Allocator::resume_malloc`] with the result.
+    NeedSegment {
+        /// The segment size (torch's `alloc_size`).
+        bytes: u64,
+        /// What to resume.
+        pending: PendingMalloc,
+    },
+}
+
+impl<D: Device> Allocator<D> {
+    /// Allocates `size` bytes for use on `stream`. Returns the address, or 0 for a zero-size
+    /// request (which changes no stats).
+    pub fn malloc(&mut self, size: u64, stream: StreamId) -> Result<u64, AllocError<D::Error>> {
+        // The hit path returns without building a step.
+        let req = match self.lookup(size, stream)? {
+            Lookup::Found(addr) => return Ok(addr),
+            Lookup::Miss(req) => req,
+        };
+        let mut step = self.miss(req);
+        loop {
+            match step {
+                MallocStep::Done(result) => return result,
+                MallocStep::NeedSegment { bytes, pending } => {
+                    let segment = self.device.malloc(bytes);
+                    step = self.resume_malloc(pending, segment);
+                }
+            }
+        }
+    }
+
+    /// [`Allocator::malloc`] up to its first device malloc, if it needs one.
+    pub fn begin_malloc(&mut self, size: u64, stream: StreamId) -> MallocStep<D::Error> {
+        match self.lookup(size, stream) {
+            Ok(Lookup::Found(addr)) => MallocStep::Done(Ok(addr)),
+            Ok(Lookup::Miss(req)) => self.miss(req),
+            Err(e) => MallocStep::Done(Err(e)),
+        }
+    }
+
+    /// torch's malloc up to the miss path: size the request and take a cached block if one fits.
+    #[inline]
+    fn lookup(&mut self, size: u64, stream: StreamId) -> Result<Lookup, AllocError<D::Error>> {
+        let Some(req) = self.request(size, stream)? else {
+            return Ok(Lookup::Found(0));
+        };
+        Ok(match self.get_free_block(&req) {
+            Some(id) => Lookup::Found(self.alloc_found_block(id, &req)),
+            None => Lookup::Miss(req),
+        })
+    }
+
+    /// The miss path from its start: GC if enabled, then the first segment request.
+    fn miss(&mut self, req: Request) -> MallocStep<D::Error> {
+        if self.gc_enabled() {
+            if let Err(e) = self.garbage_collect_cached_blocks() {
+                return MallocStep::Done(Err(AllocError::Device(e)));
+            }
+        }
+        self.request_segment(req, Stage::First)
+    }
+
+    /// Continues a malloc with the device's answer to its segment request.
+    ///
+    /// Any device error other than out-of-memory ends the malloc at once, as in CUDA (torch_npu
+    /// instead runs the rest of the retry chain before raising it); the cache is left as the
+    /// chain had it.
+    pub fn resume_malloc(
+        &mut self,
+        pending: PendingMalloc,
+        segment: Result<u64, DeviceError<D::Error>>,
+    ) -> MallocStep<D::Error> {
+        let req = pending.req;
+        match segment {
+            Ok(addr) => {
+                let id = self.add_segment(addr, &req);
+                MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
+            }
+            Err(DeviceError::Other(e)) => MallocStep::Done(Err(AllocError::Device(e))),
+            Err(DeviceError::OutOfMemory) => self.after_failed_segment(req, pending.stage),
+        }
+    }
+
+    /// torch's `alloc_block` up to the device call: count a retry, and refuse without calling
+    /// the device past the fraction limit (or past the largest reserve an i64 statistic can
+    /// count, which only a simulated device offers; that bound is what lets every current
+    /// statistic be updated without overflow checks). A refusal moves down the chain.
+    fn request_segment(&mut self, req: Request, stage: Stage) -> MallocStep<D::Error> {
+        if stage == Stage::Retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        let total = self.total_allocated + req.alloc_size;
+        let refused = total > MAX_RESERVE || self.allowed.is_some_and(|allowed| total > allowed);
+        if refused {
+            return self.after_failed_segment(req, stage);
+        }
+        MallocStep::NeedSegment {
+            bytes: req.alloc_size,
+            pending: PendingMalloc { req, stage },
+        }
+    }
+
+    /// The chain after the `alloc_block` at `stage` got no segment: release what torch releases
+    /// there and ask again, or, after the last, out of memory.
+    fn after_failed_segment(&mut self, req: Request, stage: Stage) -> MallocStep<D::Error> {
+        let next = match stage {
+            Stage::First => match self.release_available_cached_blocks(&req) {
+                Ok(true) => Ok(Stage::AfterRelease),
+                Ok(false) => self.release_cached_blocks().map(|()| Stage::Retry),
+                Err(e) => Err(e),
+            },
+            Stage::AfterRelease => self.release_cached_blocks().map(|()| Stage::Retry),
+            Stage::Retry => {
+                return MallocStep::Done(Err(AllocError::OutOfMemory(self.out_of_memory(&req))));
+            }
+        };
+        match next {
+            Ok(stage) => self.request_segment(req, stage),
+            Err(e) => MallocStep::Done(Err(AllocError::Device(e))),
+        }
+    }
+
+    /// Registers a new device segment of `req.alloc_size` bytes at `addr` (the rest of torch's
+    /// `alloc_block`) and returns its block.
+    fn add_segment(&mut self, addr: u64, req: &Request) -> BlockId {
+        let size = req.alloc_size;
+        self.total_allocated += size;
+        let id = self
+            .blocks
+            .insert(Block::segment(addr, size, req.stream, req.pool));
+        self.segments.insert(addr, id);
+        self.stats.segment.increase(req.pool, 1);
+        self.stats.reserved_bytes.increase(req.pool, size);
+        if self.is_oversize(size) {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        id
+    }
+}

@@ -1,0 +1,129 @@
+//! `begin_malloc` / `resume_malloc`: the miss path stopped at each device malloc, as a runtime
+//! drives it with `release_lock_on_npumalloc:True` (torch-allocator.md 3.3 and 3.4; ascend-acl.md
+//! 2.4). Numbers are those of the plain `malloc` tests in `policy.rs`.
+
+mod common;
+
+use alloc_core::{AllocConf, AllocError, Allocator, Device, DeviceError, MallocStep};
+use common::*;
+use testkit::{SimDevice, SimError};
+
+/// The segment request of `step`, panicking if the malloc finished instead.
+fn segment_request(step: MallocStep<SimError>) -> (u64, alloc_core::PendingMalloc) {
+    match step {
+        MallocStep::NeedSegment { bytes, pending } => (bytes, pending),
+        MallocStep::Done(r) => panic!("expected a segment request, got {r:?}"),
+    }
+}
+
+fn done(step: MallocStep<SimError>) -> Result<u64, AllocError<SimError>> {
+    match step {
+        MallocStep::Done(r) => r,
+        MallocStep::NeedSegment { bytes, .. } => panic!("unexpected request of {bytes} bytes"),
+    }
+}
+
+#[test]
+fn a_hit_finishes_at_once_and_a_miss_asks_for_its_segment() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    assert_eq!(done(a.begin_malloc(0, S0)), Ok(0));
+    assert!(matches!(
+        done(a.begin_malloc(1 << 62, S0)),
+        Err(AllocError::TooLarge { .. })
+    ));
+    // 12 MiB: large pool, its own 12 MiB segment; nothing is counted before the device answers.
+    let (bytes, pending) = segment_request(a.begin_malloc(12 * MIB, S0));
+    assert_eq!(bytes, 12 * MIB);
+    assert_eq!(stat(&a, "num_device_alloc"), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    let segment = a.device_mut().malloc(bytes);
+    let x = done(a.resume_malloc(pending, segment)).unwrap();
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    assert_eq!(stat(&a, "segment.large_pool.current"), 1);
+    assert_eq!(stat(&a, "allocated_bytes.all.current"), (12 * MIB) as i64);
+    a.free(x).unwrap();
+    // Now a hit: no device call.
+    assert_eq!(done(a.begin_malloc(12 * MIB, S0)), Ok(x));
+    assert_eq!(a.device().malloc_calls(), 1);
+    check_consistency(&a);
+}
+
+#[test]
+fn the_cache_may_change_between_the_steps() {
+    // What another thread can do while the lock is released around the device malloc.
+    let mut a = cuda(GIB, &AllocConf::default());
+    let (bytes, pending) = segment_request(a.begin_malloc(12 * MIB, S0));
+    let small = a.malloc(1000, S0).unwrap();
+    let big = a.malloc(30 * MIB, S0).unwrap();
+    a.free(big).unwrap();
+    a.empty_cache().unwrap();
+    let segment = a.device_mut().malloc(bytes);
+    let x = done(a.resume_malloc(pending, segment)).unwrap();
+    assert_eq!(
+        stat(&a, "segment.all.current"),
+        2,
+        "the small one and the new 12 MiB"
+    );
+    assert_eq!(stat(&a, "num_device_alloc"), 3);
+    assert_eq!(
+        stat(&a, "allocated_bytes.all.current"),
+        (12 * MIB + 1024) as i64
+    );
+    a.free(x).unwrap();
+    a.free(small).unwrap();
+    check_consistency(&a);
+}
+
+#[test]
+fn out_of_memory_answers_walk_the_retry_chain() {
+    // A cached 20 MiB segment, then a 30 MiB request the device refuses twice.
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(5 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    let (bytes, pending) = segment_request(a.begin_malloc(30 * MIB, S0));
+    assert_eq!(bytes, 30 * MIB);
+    // First refusal: no max_split_size, so nothing is "available"; every cached segment goes
+    // back to the device after one synchronization, and the retry asks again.
+    let (again, pending) = segment_request(a.resume_malloc(pending, Err(DeviceError::OutOfMemory)));
+    assert_eq!(again, 30 * MIB);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(a.device().frees(), 1);
+    // Second refusal: out of memory with torch_npu's numbers.
+    match done(a.resume_malloc(pending, Err(DeviceError::OutOfMemory))) {
+        Err(AllocError::OutOfMemory(oom)) => {
+            assert_eq!((oom.requested, oom.alloc_size), (30 * MIB, 30 * MIB));
+            assert_eq!(oom.reserved, 0);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    check_consistency(&a);
+}
+
+#[test]
+fn a_device_error_ends_the_malloc_and_the_fraction_refuses_without_asking() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let (_, pending) = segment_request(a.begin_malloc(4096, S0));
+    let error = SimError::ZeroSize;
+    assert_eq!(
+        done(a.resume_malloc(pending, Err(DeviceError::Other(error.clone())))),
+        Err(AllocError::Device(error))
+    );
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    // A 1 GiB device limited to a quarter: a 300 MiB segment is refused at both requests of the
+    // chain without a device call, then out of memory.
+    let mut a: Allocator<SimDevice> = cuda(GIB, &AllocConf::default());
+    a.set_memory_fraction(0.25).unwrap();
+    assert!(matches!(
+        done(a.begin_malloc(300 * MIB, S0)),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(a.device().malloc_calls(), 0);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    check_consistency(&a);
+}
