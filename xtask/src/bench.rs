@@ -103,10 +103,11 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Where criterion writes its estimates.
+/// Where criterion writes its estimates: absolute, since the bench binaries run in their
+/// package's directory and xtask in the workspace's.
 fn criterion_home() -> PathBuf {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| root().join("target"), PathBuf::from);
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root().join("target"), |dir| root().join(dir));
     target.join("criterion")
 }
 
@@ -135,6 +136,15 @@ const BENCHES: [(&str, &str); 3] = [
 ];
 
 fn run_benches(quick: bool) -> bool {
+    // Paired results of an earlier run (or of a bench since renamed) must not be read as this
+    // run's.
+    let paired = criterion_home().join("paired");
+    if let Err(e) = std::fs::remove_dir_all(&paired) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            eprintln!("bench: cannot clear {}: {e}", paired.display());
+            return false;
+        }
+    }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     BENCHES.iter().all(|(package, bench)| {
         let mut cmd = Command::new(&cargo);

@@ -35,7 +35,8 @@ enum Stage {
 
 /// A `malloc` stopped at a device malloc; give it back to [`Allocator::resume_malloc`] with the
 /// device's answer.
-#[derive(Debug, Clone, Copy)]
+/// Neither `Clone` nor `Copy`: it is resumed once.
+#[derive(Debug)]
 #[must_use = "a pending malloc must be resumed with the device's answer, or a segment leaks"]
 pub struct PendingMalloc {
     req: Request,
@@ -120,6 +121,14 @@ impl<D: Device> Allocator<D> {
     ) -> MallocStep<D::Error> {
         let req = pending.req;
         match segment {
+            // Other mallocs may have grown the reserve while this one waited for the device
+            // without the lock; the bound that keeps the stats exact is checked again.
+            Ok(addr) if self.total_allocated + req.alloc_size > MAX_RESERVE => {
+                match self.device.free(addr, req.alloc_size) {
+                    Ok(()) => self.after_failed_segment(req, pending.stage),
+                    Err(e) => MallocStep::Done(Err(AllocError::Device(e))),
+                }
+            }
             Ok(addr) => {
                 let id = self.add_segment(addr, &req);
                 MallocStep::Done(Ok(self.alloc_found_block(id, &req)))

@@ -35,10 +35,11 @@ impl Stat {
     ///
     /// `current` cannot overflow inside the allocator: every byte stat is bounded by the reserve,
     /// which never passes `i64::MAX` (a larger one is out of memory), and counts by the number
-    /// of blocks. For any other caller it wraps, as torch's int64 would.
+    /// of blocks. For any other caller it wraps, as torch's int64 would; an `n` past `i64::MAX`
+    /// counts as `i64::MAX`.
     #[inline]
     pub fn increase(&mut self, n: u64) {
-        let n = n as i64;
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
         self.current = self.current.wrapping_add(n);
         self.peak = self.peak.max(self.current);
         self.allocated = add_total(self.allocated, n);
@@ -47,7 +48,7 @@ impl Stat {
     /// Removes `n`: torch's `decrease_stat`.
     #[inline]
     pub fn decrease(&mut self, n: u64) {
-        let n = n as i64;
+        let n = i64::try_from(n).unwrap_or(i64::MAX);
         self.current = self.current.wrapping_sub(n);
         self.freed = add_total(self.freed, n);
     }

@@ -127,3 +127,29 @@ fn a_device_error_ends_the_malloc_and_the_fraction_refuses_without_asking() {
     assert_eq!(stat(&a, "num_ooms"), 1);
     check_consistency(&a);
 }
+
+#[test]
+fn a_segment_that_would_take_the_reserve_past_i64_max_goes_back() {
+    // Two mallocs wait for the device at once (the lock released); together they pass the
+    // largest reserve an i64 statistic can count. The second segment goes back to the device
+    // and its malloc runs out of memory; every stat stays exact.
+    let size = (1 << 60) - (1 << 50);
+    let mut a = cuda(u64::MAX, &AllocConf::default());
+    for _ in 0..7 {
+        a.malloc(size, S0).unwrap();
+    }
+    let (bytes, first) = segment_request(a.begin_malloc(size, S0));
+    let (_, second) = segment_request(a.begin_malloc(size, S0));
+    let (s1, s2) = (a.device_mut().malloc(bytes), a.device_mut().malloc(bytes));
+    done(a.resume_malloc(first, s1)).unwrap();
+    assert!(matches!(
+        done(a.resume_malloc(second, s2)),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 8 * size as i64);
+    assert_eq!(stat(&a, "reserved_bytes.all.peak"), 8 * size as i64);
+    assert_eq!(a.device().outstanding_bytes(), 8 * size);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    check_consistency(&a);
+}

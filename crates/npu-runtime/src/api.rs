@@ -188,29 +188,47 @@ impl<B: Backend> Runtime<B> {
         })
     }
 
-    /// Runs `op` on the device that owns `addr`: every opened device is asked, in order, those
-    /// whose span holds `addr` first (the owner is always among them, so the rest are asked only
-    /// when `addr` is bad), until one answers something other than
-    /// [`RuntimeError::InvalidPointer`]. Asking the rest lets an interior or stale pointer get
-    /// the owning allocator's precise error.
+    /// Runs `op` on the device that owns `addr`, until a device answers something other than
+    /// [`RuntimeError::InvalidPointer`]: first each opened device whose span holds `addr` (the
+    /// fast path, no lock but the owner's), then, if none did, every device, each read under its
+    /// creation lock. The second pass catches an owner whose span or opening this thread had
+    /// not seen yet (a pointer handed over with only relaxed atomics carries no ordering), and
+    /// gives an interior or stale pointer the owning allocator's precise error.
     #[inline]
     fn route(
         &self,
         addr: u64,
         op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
     ) -> Result<(), B::Error> {
-        for candidates in [true, false] {
-            for slot in &self.devices {
-                let Some(entry) = slot.entry.get() else {
-                    continue;
-                };
-                if slot.span.may_hold(addr) != candidates {
-                    continue;
-                }
+        for slot in &self.devices {
+            let Some(entry) = slot.entry.get() else {
+                continue;
+            };
+            if slot.span.may_hold(addr) {
                 match op(entry) {
-                    Err(RuntimeError::InvalidPointer { .. }) => continue,
+                    Err(RuntimeError::InvalidPointer { .. }) => {}
                     other => return other,
                 }
+            }
+        }
+        self.route_slow(addr, op)
+    }
+
+    /// The second pass of [`Runtime::route`]. A device asked in the first pass may be asked
+    /// again: it answers the same, unless the caller raced its own malloc of `addr`.
+    #[cold]
+    fn route_slow(
+        &self,
+        addr: u64,
+        op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
+    ) -> Result<(), B::Error> {
+        for slot in &self.devices {
+            let Some(entry) = slot.entry.get_synchronized() else {
+                continue;
+            };
+            match op(entry) {
+                Err(RuntimeError::InvalidPointer { .. }) => {}
+                other => return other,
             }
         }
         Err(RuntimeError::InvalidPointer { addr })

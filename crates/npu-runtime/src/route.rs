@@ -7,9 +7,11 @@
 //! ([`Span`]); `free` asks the opened devices whose span holds the pointer first, and the first
 //! that knows it answers. With one device in use that is one range check.
 //!
-//! Spans only grow, so a stale read can only make a device look like a candidate, never hide
-//! the owner; and a pointer reaches another thread only through some synchronization, which
-//! makes the owning device's span update visible there even with relaxed atomics.
+//! The spans are a fast path, not the truth. A thread that got a pointer through a relaxed
+//! handoff may still see the owner's span, or the owner itself, as it was before the malloc; so
+//! when no candidate knows the pointer, `free` asks every device again, each opened slot read
+//! under its creation lock and each allocator under its own lock, which are ordered after the
+//! malloc that returned the pointer.
 
 use crate::sync::{AtomicU64, Ordering};
 

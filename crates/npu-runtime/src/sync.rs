@@ -72,6 +72,16 @@ impl<T> OnceSlot<T> {
         self.value.get()
     }
 
+    /// The value, if it was created, read under the creation lock: a creation that finished
+    /// before any event this thread has observed is seen, whatever memory order carried the news.
+    pub(crate) fn get_synchronized(&self) -> Option<&T> {
+        if let Some(value) = self.value.get() {
+            return Some(value);
+        }
+        let _created = self.init.lock();
+        self.value.get()
+    }
+
     /// The value, created by `create` if this is the first call; a failed creation leaves the
     /// slot empty for the next caller.
     #[inline]

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use alloc_core::{Device, DeviceError, MemInfo, StreamId};
-use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use npu_runtime::{Backend, Config, Runtime};
@@ -235,6 +235,44 @@ fn frees_find_their_device_while_another_opens() {
         producer.join().unwrap();
         consumer.join().unwrap();
         if let Some(p) = handoff.lock().unwrap().take() {
+            rt.free(p).unwrap();
+        }
+        check_settled(&rt, &mock);
+    });
+}
+
+#[test]
+fn a_pointer_handed_over_with_relaxed_atomics_is_freed_on_its_device() {
+    loom::model(|| {
+        let mock = Mock::with_devices(64 * MIB, 2);
+        let rt = runtime(&mock, false);
+        // Both devices open, each with a span.
+        let keep: Vec<u64> = (0..2).map(|d| rt.malloc(1000, d, 0).unwrap()).collect();
+        let shared = Arc::new(AtomicU64::new(0));
+        // A new segment above device 1's span; the consumer may see the pointer before the
+        // span grew (nothing orders a relaxed handoff), and must still find the owner.
+        let producer = {
+            let (rt, shared) = (rt.clone(), shared.clone());
+            thread::spawn(move || {
+                let p = rt.malloc(3 * MIB, 1, 0).unwrap();
+                shared.store(p, Ordering::Relaxed);
+            })
+        };
+        let consumer = {
+            let (rt, shared) = (rt.clone(), shared.clone());
+            thread::spawn(move || match shared.load(Ordering::Relaxed) {
+                0 => false,
+                p => {
+                    rt.free(p).unwrap();
+                    true
+                }
+            })
+        };
+        producer.join().unwrap();
+        if !consumer.join().unwrap() {
+            rt.free(shared.load(Ordering::Relaxed)).unwrap();
+        }
+        for p in keep {
             rt.free(p).unwrap();
         }
         check_settled(&rt, &mock);

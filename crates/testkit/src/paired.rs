@@ -27,6 +27,8 @@ pub struct Paired {
     baseline: String,
     /// Per criterion sample: (calls of each, time of A, time of B).
     samples: Vec<(u64, Duration, Duration)>,
+    /// Whether the next chunk times A first (alternates across samples too).
+    a_first: bool,
 }
 
 /// What a [`Paired`] found: per-call times and the median of the per-sample ratios A / B.
@@ -49,6 +51,7 @@ impl Paired {
             id: id.to_owned(),
             baseline: baseline.to_owned(),
             samples: Vec::new(),
+            a_first: true,
         }
     }
 
@@ -57,28 +60,34 @@ impl Paired {
     pub fn run(&mut self, iters: u64, mut a: impl FnMut(u64), mut b: impl FnMut(u64)) -> Duration {
         let (mut time_a, mut time_b) = (Duration::ZERO, Duration::ZERO);
         let mut done = 0;
-        let mut a_first = true;
         while done < iters {
             let calls = done..done + CHUNK.min(iters - done);
-            if a_first {
+            if self.a_first {
                 time_a += timed(&mut a, calls.clone());
                 time_b += timed(&mut b, calls.clone());
             } else {
                 time_b += timed(&mut b, calls.clone());
                 time_a += timed(&mut a, calls.clone());
             }
-            a_first = !a_first;
+            self.a_first = !self.a_first;
             done = calls.end;
         }
         self.samples.push((iters, time_a, time_b));
         time_a
     }
 
-    /// The medians over the samples of at least one whole chunk (criterion's first warm-up
-    /// calls run one or two iterations); `None` before any.
+    /// The medians over the measured samples; `None` before any.
+    ///
+    /// Criterion calls the routine first to warm up, with doubling iteration counts, then once
+    /// per sample with counts that never fall (linear: d, 2d, 3d, ...; flat: the same). The
+    /// measured samples are therefore those from the last fall in the count on (all of them if
+    /// it never falls), and of those the ones of at least one whole chunk.
     pub fn result(&self) -> Option<PairedResult> {
-        let full: Vec<_> = self
-            .samples
+        let start = (1..self.samples.len())
+            .rev()
+            .find(|&i| self.samples[i].0 < self.samples[i - 1].0)
+            .unwrap_or(0);
+        let full: Vec<_> = self.samples[start..]
             .iter()
             .filter(|(n, _, b)| *n >= CHUNK && !b.is_zero())
             .collect();
@@ -165,6 +174,14 @@ mod tests {
         // Each side sees every call index once, in order.
         let a: Vec<u64> = order.iter().filter(|e| e.0 == 'a').map(|e| e.1).collect();
         assert_eq!(a, (0..2 * CHUNK + 10).collect::<Vec<_>>());
+        // The alternation carries over into the next sample: three chunks ran, so B leads.
+        let next = std::cell::RefCell::new(Vec::new());
+        p.run(
+            1,
+            |_| next.borrow_mut().push('a'),
+            |_| next.borrow_mut().push('b'),
+        );
+        assert_eq!(next.into_inner(), ['b', 'a']);
     }
 
     #[test]
@@ -172,7 +189,11 @@ mod tests {
         let mut p = Paired::new("x", "y");
         assert_eq!(p.result(), None);
         let ms = Duration::from_millis;
-        // A warm-up call below one chunk is ignored.
+        // Warm-up calls (doubling counts) are ignored: the measurement starts where the count
+        // falls. A call below one chunk is ignored too.
+        p.samples.push((1, ms(100), ms(1)));
+        p.samples.push((4 * CHUNK, ms(900), ms(1)));
+        p.samples.push((8 * CHUNK, ms(900), ms(1)));
         p.samples.push((1, ms(100), ms(1)));
         p.samples.push((CHUNK, ms(2), ms(1)));
         p.samples.push((CHUNK, ms(3), ms(2)));
