@@ -152,7 +152,16 @@ fn run_benches(quick: bool) -> bool {
             .env("CRITERION_HOME", criterion_home())
             .args(["bench", "-p", package, "--bench", bench, "--", "--noplot"]);
         if quick {
-            cmd.args(["--warm-up-time", "0.3", "--measurement-time", "1"]);
+            // Criterion's bootstrap only feeds its confidence intervals; the medians read here
+            // do not depend on it.
+            cmd.args([
+                "--warm-up-time",
+                "0.3",
+                "--measurement-time",
+                "1",
+                "--nresamples",
+                "5000",
+            ]);
         }
         // Criterion's own report goes to stderr so stdout stays machine-readable with --json.
         cmd.stdout(std::process::Stdio::from(std::io::stderr()));
