@@ -40,6 +40,16 @@ enum Entry<B: Backend> {
     Uncached(Uncached<B>),
 }
 
+/// The first answer of `op` over `entries` other than "not mine" ([`RuntimeError::InvalidPointer`]).
+fn first_answer<'a, B: Backend + 'a>(
+    entries: impl Iterator<Item = &'a Entry<B>>,
+    op: &impl Fn(&Entry<B>) -> Result<(), B::Error>,
+) -> Option<Result<(), B::Error>> {
+    entries
+        .map(op)
+        .find(|answer| !matches!(answer, Err(RuntimeError::InvalidPointer { .. })))
+}
+
 /// One device's slot in the runtime: its allocator once opened, and the addresses it returned.
 struct Slot<B: Backend> {
     /// Filled on first use and read without a lock afterwards.
@@ -200,18 +210,11 @@ impl<B: Backend> Runtime<B> {
         addr: u64,
         op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
     ) -> Result<(), B::Error> {
-        for slot in &self.devices {
-            let Some(entry) = slot.entry.get() else {
-                continue;
-            };
-            if slot.span.may_hold(addr) {
-                match op(entry) {
-                    Err(RuntimeError::InvalidPointer { .. }) => {}
-                    other => return other,
-                }
-            }
+        let candidates = self.devices.iter().filter(|slot| slot.span.may_hold(addr));
+        match first_answer(candidates.filter_map(|slot| slot.entry.get()), &op) {
+            Some(answer) => answer,
+            None => self.route_slow(addr, op),
         }
-        self.route_slow(addr, op)
     }
 
     /// The second pass of [`Runtime::route`]. A device asked in the first pass may be asked
@@ -222,16 +225,11 @@ impl<B: Backend> Runtime<B> {
         addr: u64,
         op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
     ) -> Result<(), B::Error> {
-        for slot in &self.devices {
-            let Some(entry) = slot.entry.get_synchronized() else {
-                continue;
-            };
-            match op(entry) {
-                Err(RuntimeError::InvalidPointer { .. }) => {}
-                other => return other,
-            }
-        }
-        Err(RuntimeError::InvalidPointer { addr })
+        let opened = self
+            .devices
+            .iter()
+            .filter_map(|slot| slot.entry.get_synchronized());
+        first_answer(opened, &op).unwrap_or(Err(RuntimeError::InvalidPointer { addr }))
     }
 
     /// `empty_cache()`: on every opened device, synchronize and give every whole cached
