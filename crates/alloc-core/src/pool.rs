@@ -229,10 +229,7 @@ impl BlockPool {
         stream: StreamId,
         size: u64,
     ) -> impl Iterator<Item = (u64, BlockId)> + '_ {
-        self.stream(stream)
-            .into_iter()
-            .flat_map(move |m| m.from(key(size, 0)))
-            .map(|(k, id)| (size_of(k), id))
+        self.walk(stream, move |m| m.from(key(size, 0)))
     }
 
     /// Free blocks on `stream` smaller than `size` bytes, largest first.
@@ -241,9 +238,19 @@ impl BlockPool {
         stream: StreamId,
         size: u64,
     ) -> impl Iterator<Item = (u64, BlockId)> + '_ {
+        self.walk(stream, move |m| m.below_desc(key(size, 0)))
+    }
+
+    /// The (size, block) entries `entries` picks from `stream`'s blocks; none for a stream
+    /// without free blocks.
+    fn walk<'a, I: Iterator<Item = (u128, BlockId)> + 'a>(
+        &'a self,
+        stream: StreamId,
+        entries: impl FnMut(&'a StreamBlocks) -> I + 'a,
+    ) -> impl Iterator<Item = (u64, BlockId)> + 'a {
         self.stream(stream)
             .into_iter()
-            .flat_map(move |m| m.below_desc(key(size, 0)))
+            .flat_map(entries)
             .map(|(k, id)| (size_of(k), id))
     }
 
