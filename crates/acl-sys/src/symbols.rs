@@ -573,7 +573,7 @@ impl Lib {
         let mut ev = ptr::null_mut();
         let (function, code) = if let Some(f) = self.functions.aclrtCreateEventWithFlag {
             // SAFETY: the out-pointer is a valid, writable local; `flags` is a plain value.
-            ("aclrtCreateEventWithFlag", unsafe { f(&mut ev, flags.0) })
+            ("aclrtCreateEventWithFlag", unsafe { f(&mut ev, flags.bits()) })
         } else if let Some(f) = self.functions.aclrtCreateEvent {
             // SAFETY: the out-pointer is a valid, writable local.
             ("aclrtCreateEvent", unsafe { f(&mut ev) })
@@ -593,7 +593,7 @@ impl Lib {
         let f = optional!(self.aclrtCreateEventExWithFlag);
         let mut ev = ptr::null_mut();
         // SAFETY: the out-pointer is a valid, writable local; `flags` is a plain value.
-        let code = unsafe { f(&mut ev, flags.0) };
+        let code = unsafe { f(&mut ev, flags.bits()) };
         self.check("aclrtCreateEventExWithFlag", code)?;
         non_null("aclrtCreateEventExWithFlag", ev).map(Event)
     }

@@ -105,8 +105,9 @@ macro_rules! c_enum {
 }
 
 c_enum! {
-    /// Page policy of `aclrtMalloc`/`aclrtMallocAlign32`; the bandwidth and read-only bits can be
-    /// OR-ed onto `HUGE_FIRST`, `HUGE_ONLY` and `NORMAL_ONLY`.
+    /// Page policy of `aclrtMalloc`/`aclrtMallocAlign32`: a value, not a bit set (`3` is
+    /// `HUGE_FIRST_P2P`, not `HUGE_ONLY | NORMAL_ONLY`). The [`MemPolicyBits`] can be OR-ed onto
+    /// `HUGE_FIRST`, `HUGE_ONLY` and `NORMAL_ONLY`.
     MemMallocPolicy: "aclrtMemMallocPolicy" {
         /// `ACL_MEM_MALLOC_HUGE_FIRST`: 2 MiB pages for requests over 1 MiB, falling back to normal.
         HUGE_FIRST = 0,
@@ -124,12 +125,6 @@ c_enum! {
         HUGE1G_ONLY = 6,
         /// `ACL_MEM_MALLOC_HUGE1G_ONLY_P2P`.
         HUGE1G_ONLY_P2P = 7,
-        /// `ACL_MEM_TYPE_LOW_BAND_WIDTH` bit.
-        TYPE_LOW_BAND_WIDTH = 0x0100,
-        /// `ACL_MEM_TYPE_HIGH_BAND_WIDTH` bit.
-        TYPE_HIGH_BAND_WIDTH = 0x1000,
-        /// `ACL_MEM_ACCESS_USER_SPACE_READONLY` bit.
-        ACCESS_USER_SPACE_READONLY = 0x10_0000,
     }
 }
 
@@ -288,58 +283,53 @@ c_enum! {
     }
 }
 
-impl BitOr for MemMallocPolicy {
+bitflags::bitflags! {
+    /// The bits of `aclrtMemMallocPolicy` that are real flags, OR-ed onto a page policy value with
+    /// `MemMallocPolicy | MemPolicyBits`.
+    #[repr(transparent)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct MemPolicyBits: u32 {
+        /// `ACL_MEM_TYPE_LOW_BAND_WIDTH`.
+        const TYPE_LOW_BAND_WIDTH = 0x0100;
+        /// `ACL_MEM_TYPE_HIGH_BAND_WIDTH`.
+        const TYPE_HIGH_BAND_WIDTH = 0x1000;
+        /// `ACL_MEM_ACCESS_USER_SPACE_READONLY`.
+        const ACCESS_USER_SPACE_READONLY = 0x10_0000;
+    }
+}
+
+impl BitOr<MemPolicyBits> for MemMallocPolicy {
     type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
+    fn bitor(self, rhs: MemPolicyBits) -> Self {
+        Self(self.0 | rhs.bits())
     }
 }
 
-impl BitOrAssign for MemMallocPolicy {
-    fn bitor_assign(&mut self, rhs: Self) {
-        self.0 |= rhs.0;
+impl BitOrAssign<MemPolicyBits> for MemMallocPolicy {
+    fn bitor_assign(&mut self, rhs: MemPolicyBits) {
+        self.0 |= rhs.bits();
     }
 }
 
-/// Flags of `aclrtCreateEventWithFlag` / `aclrtCreateEventExWithFlag` (a `uint32_t` bit set).
-#[repr(transparent)]
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
-pub struct EventFlags(pub u32);
-
-impl EventFlags {
-    /// No flag.
-    pub const NONE: Self = Self(0);
-    /// `ACL_EVENT_SYNC`: the event can be waited on from the host.
-    pub const SYNC: Self = Self(0x1);
-    /// `ACL_EVENT_CAPTURE_STREAM_PROGRESS`: what torch_npu's allocator event pool uses.
-    pub const CAPTURE_STREAM_PROGRESS: Self = Self(0x2);
-    /// `ACL_EVENT_TIME_LINE`: timestamps for elapsed-time queries.
-    pub const TIME_LINE: Self = Self(0x8);
-    /// `ACL_EVENT_DEVICE_USE_ONLY` (header 1.17).
-    pub const DEVICE_USE_ONLY: Self = Self(0x10);
-    /// `ACL_EVENT_EXTERNAL`.
-    pub const EXTERNAL: Self = Self(0x20);
-    /// `ACL_EVENT_IPC`.
-    pub const IPC: Self = Self(0x40);
-    /// torch_npu's private `ACL_EVENT_DEFAULT` (0x0E = CAPTURE_STREAM_PROGRESS | TIME_LINE | 0x4).
-    pub const TORCH_DEFAULT: Self = Self(0x0E);
-
-    /// Whether every bit of `other` is set in `self`.
-    pub const fn contains(self, other: Self) -> bool {
-        self.0 & other.0 == other.0
-    }
-}
-
-impl BitOr for EventFlags {
-    type Output = Self;
-    fn bitor(self, rhs: Self) -> Self {
-        Self(self.0 | rhs.0)
-    }
-}
-
-impl BitOrAssign for EventFlags {
-    fn bitor_assign(&mut self, rhs: Self) {
-        self.0 |= rhs.0;
+bitflags::bitflags! {
+    /// Flags of `aclrtCreateEventWithFlag` / `aclrtCreateEventExWithFlag` (a `uint32_t` bit set).
+    #[repr(transparent)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct EventFlags: u32 {
+        /// `ACL_EVENT_SYNC`: the event can be waited on from the host.
+        const SYNC = 0x1;
+        /// `ACL_EVENT_CAPTURE_STREAM_PROGRESS`: what torch_npu's allocator event pool uses.
+        const CAPTURE_STREAM_PROGRESS = 0x2;
+        /// `ACL_EVENT_TIME_LINE`: timestamps for elapsed-time queries.
+        const TIME_LINE = 0x8;
+        /// `ACL_EVENT_DEVICE_USE_ONLY` (header 1.17).
+        const DEVICE_USE_ONLY = 0x10;
+        /// `ACL_EVENT_EXTERNAL`.
+        const EXTERNAL = 0x20;
+        /// `ACL_EVENT_IPC`.
+        const IPC = 0x40;
+        /// torch_npu's private `ACL_EVENT_DEFAULT` (0x0E = CAPTURE_STREAM_PROGRESS | TIME_LINE | 0x4).
+        const TORCH_DEFAULT = 0x0E;
     }
 }
 
@@ -424,7 +414,7 @@ mod tests {
         assert_eq!(MemMallocPolicy::HUGE1G_ONLY.0, 6);
         assert_eq!(MemMallocPolicy::HUGE1G_ONLY_P2P.0, 7);
         assert_eq!(
-            (MemMallocPolicy::HUGE_ONLY | MemMallocPolicy::TYPE_HIGH_BAND_WIDTH).0,
+            (MemMallocPolicy::HUGE_ONLY | MemPolicyBits::TYPE_HIGH_BAND_WIDTH).0,
             0x1001
         );
         assert_eq!(MemAttr::HBM_MEM.0, 1);
@@ -435,8 +425,8 @@ mod tests {
         assert_eq!(EventStatus::COMPLETE.0, 0);
         assert_eq!(EventRecordedStatus::COMPLETE.0, 1);
         assert_eq!(EventRecordedStatus::NOT_READY.0, 0);
-        assert_eq!(EventFlags::CAPTURE_STREAM_PROGRESS.0, 0x2);
-        assert_eq!(EventFlags::TORCH_DEFAULT.0, 0x0E);
+        assert_eq!(EventFlags::CAPTURE_STREAM_PROGRESS.bits(), 0x2);
+        assert_eq!(EventFlags::TORCH_DEFAULT.bits(), 0x0E);
         assert!(EventFlags::TORCH_DEFAULT.contains(EventFlags::TIME_LINE));
         assert_eq!(MemGranularityOptions::UNDEF.0, 0xFFFF);
         assert_eq!(MemLocationType::DEVICE.0, 1);

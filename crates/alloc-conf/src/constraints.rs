@@ -5,7 +5,7 @@ use alloc::format;
 use alloc::string::String;
 
 use crate::keys::{KEY_COUNT, Key};
-use crate::parse::State;
+use crate::state::State;
 use crate::warning::WarningKind;
 
 /// Applies the checks between keys to a fully read configuration.

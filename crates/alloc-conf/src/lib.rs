@@ -42,6 +42,7 @@ mod keys;
 mod lex;
 mod parse;
 mod roundup;
+mod state;
 mod warning;
 
 pub use conf::{AllocConf, Backend, MIB, ROUNDUP_BUCKETS};

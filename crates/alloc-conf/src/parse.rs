@@ -3,11 +3,12 @@
 //! (`constraints`).
 
 use alloc::format;
-use alloc::string::{String, ToString};
+use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::conf::{AllocConf, Backend, MIB};
 use crate::constraints;
+use crate::state::State;
 use crate::keys::{KEY_COUNT, Key, UNSUPPORTED_KEYS};
 use crate::lex::{self, Item, NumError};
 use crate::roundup;
@@ -48,12 +49,7 @@ impl Parsed {
 /// Parses a config string (`key:value` or `key=value` items, comma-separated). Never fails and
 /// never panics: problems become warnings and leave the defaults in place.
 pub fn parse(s: &str) -> Parsed {
-    let mut st = State {
-        conf: AllocConf::default(),
-        given: [false; KEY_COUNT],
-        seen: [false; KEY_COUNT],
-        warnings: Vec::new(),
-    };
+    let mut st = State::default();
     for item in lex::items(s) {
         st.item(item);
     }
@@ -70,28 +66,7 @@ pub fn parse_strict(s: &str) -> Result<AllocConf, StrictError> {
     parse(s).strict()
 }
 
-/// The parser's working state, shared with the checks between keys.
-pub(crate) struct State {
-    /// The configuration being built.
-    pub(crate) conf: AllocConf,
-    /// Keys set to a valid value.
-    pub(crate) given: [bool; KEY_COUNT],
-    /// Keys that appeared in an item (for `duplicate_key`).
-    seen: [bool; KEY_COUNT],
-    /// Warnings so far.
-    pub(crate) warnings: Vec<Warning>,
-}
-
 impl State {
-    /// Records a warning.
-    pub(crate) fn warn(&mut self, kind: WarningKind, key: &str, message: String) {
-        self.warnings.push(Warning {
-            kind,
-            key: key.to_string(),
-            message,
-        });
-    }
-
     /// Reads and applies one item.
     fn item(&mut self, item: Item<'_>) {
         let (key, value) = match item {
