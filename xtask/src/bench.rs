@@ -241,7 +241,7 @@ fn print_table(cases: &[Case]) {
 
 /// Peak reserved and requested, device calls, for each shipped trace under two configs.
 fn fragmentation(json: bool) {
-    let dir = root().join("crates/testkit/traces");
+    let dir = PathBuf::from(alloc_trace::TRACES_DIR);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
@@ -255,7 +255,7 @@ fn fragmentation(json: bool) {
         );
     }
     for file in files {
-        let Ok(trace) = testkit::trace::load(&file) else {
+        let Ok(trace) = alloc_trace::load(&file) else {
             continue;
         };
         let name = file
@@ -270,8 +270,8 @@ fn fragmentation(json: bool) {
                 (false, false) => format!("{base},{extra}"),
             };
             let conf = alloc_conf::parse(&text).conf;
-            let setup = testkit::Setup::from_trace(&trace, conf, None, None);
-            let Ok(r) = testkit::replay(&trace, &setup) else {
+            let setup = alloc_trace::Setup::from_trace(&trace, conf, None, None);
+            let Ok(r) = alloc_trace::replay(&trace, &setup) else {
                 continue;
             };
             let ratio = r.device_peak_bytes as f64 / r.peak_requested_bytes.max(1) as f64;

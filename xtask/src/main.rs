@@ -1,15 +1,15 @@
 //! `cargo xtask`: developer and CI commands for npu-alloc.
 //!
 //! One binary with a subcommand per job (matklad's xtask pattern); each job lives in its own module.
+//! The user commands (`replay`, `conf`, `stress`) belong to the `npu-alloc` tool; here they are
+//! aliases that forward their arguments to it, so `cargo xtask replay ...` works in a checkout.
 
 mod bench;
 mod cargo;
-mod conf;
 mod loom;
-mod replay;
-mod stress;
 mod test_hw;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -22,20 +22,36 @@ struct Cli {
     command: Command,
 }
 
+/// The arguments of an alias, passed to `npu-alloc <subcommand>` unchanged (`--help` included).
+#[derive(clap::Args)]
+struct Forwarded {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    args: Vec<OsString>,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Replay a `.trace` file through the policy core on the simulated device.
-    Replay(replay::Args),
-    /// Parse an allocator config string (or the environment) and explain the result.
-    Conf(conf::Args),
+    /// `npu-alloc replay`: replay a `.trace` file through the policy on the simulated device.
+    #[command(disable_help_flag = true)]
+    Replay(Forwarded),
+    /// `npu-alloc conf`: parse an allocator config string (or the environment) and explain it.
+    #[command(disable_help_flag = true)]
+    Conf(Forwarded),
+    /// `npu-alloc stress`: random operations, faults and misuse, every invariant checked.
+    #[command(disable_help_flag = true)]
+    Stress(Forwarded),
     /// Run npu-runtime's loom models (`--cfg loom`, release, bounded preemptions).
     Loom(loom::Args),
     /// Run the criterion benches and print each case as a ratio to its baseline.
     Bench(bench::Args),
     /// Probe for Ascend hardware and run the hardware suite (exit 0 without hardware).
     TestHw(test_hw::Args),
-    /// Random operations with device faults on the simulated device, checked after every one.
-    Stress(stress::Args),
+}
+
+/// Runs `npu-alloc <name> <args>`.
+fn forward(name: &str, args: Forwarded) -> ExitCode {
+    let argv = [OsString::from("npu-alloc"), OsString::from(name)];
+    npu_alloc_cli::main_with(argv.into_iter().chain(args.args))
 }
 
 fn main() -> ExitCode {
@@ -52,11 +68,11 @@ fn main() -> ExitCode {
         }
     };
     match cli.command {
-        Command::Replay(args) => replay::run(args),
-        Command::Conf(args) => conf::run(args),
+        Command::Replay(args) => forward("replay", args),
+        Command::Conf(args) => forward("conf", args),
+        Command::Stress(args) => forward("stress", args),
         Command::Loom(args) => loom::run(args),
         Command::TestHw(args) => test_hw::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Stress(args) => stress::run(args),
     }
 }

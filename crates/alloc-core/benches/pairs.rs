@@ -16,10 +16,11 @@
 
 use std::hint::black_box;
 
-use alloc_core::{AllocConf, Allocator, DeviceFacts, StreamId};
+use alloc_core::{AllocConf, Allocator, DeviceFacts};
+use alloc_sim::{SimDevice, SimStream};
+use alloc_trace::workload::{BestFit, cached_allocator, hit_size};
 use criterion::{Criterion, criterion_group, criterion_main};
-use testkit::workload::{BestFit, cached_allocator, hit_size};
-use testkit::{Paired, SimDevice};
+use testkit::Paired;
 
 /// Cached-block counts of the hit benchmarks.
 const BLOCKS: [usize; 4] = [16, 256, 4096, 65536];
@@ -27,7 +28,7 @@ const BLOCKS: [usize; 4] = [16, 256, 4096, 65536];
 /// Call `i` of a hit benchmark: malloc + free of the `i`-th hit size.
 fn core_pair(alloc: &mut Allocator<SimDevice>, i: u64) {
     let p = alloc
-        .malloc(black_box(hit_size(i as usize)), StreamId(0))
+        .malloc(black_box(hit_size(i as usize)), SimStream(0))
         .unwrap();
     alloc.free(black_box(p)).unwrap();
 }
@@ -99,11 +100,11 @@ fn split_merge(c: &mut Criterion) {
         DeviceFacts::cuda_parity(0),
     );
     // One cached 2 MiB small segment: each 4 KiB request splits it and the free merges it back.
-    let warm = alloc.malloc(4096, StreamId(0)).unwrap();
+    let warm = alloc.malloc(4096, SimStream(0)).unwrap();
     alloc.free(warm).unwrap();
     c.bench_function("core_split_merge", |b| {
         b.iter(|| {
-            let p = alloc.malloc(black_box(4096), StreamId(0)).unwrap();
+            let p = alloc.malloc(black_box(4096), SimStream(0)).unwrap();
             alloc.free(black_box(p)).unwrap();
         })
     });
@@ -117,7 +118,7 @@ fn miss(c: &mut Criterion) {
     );
     c.bench_function("core_miss", |b| {
         b.iter(|| {
-            let p = alloc.malloc(black_box(12 << 20), StreamId(0)).unwrap();
+            let p = alloc.malloc(black_box(12 << 20), SimStream(0)).unwrap();
             alloc.free(p).unwrap();
             alloc.empty_cache().unwrap();
         })

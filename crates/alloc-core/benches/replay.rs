@@ -1,6 +1,6 @@
-//! Replay throughput: `testkit::replay` of a 200,000-operation synthetic trace with the GPT-2
-//! step's size mix (`testkit::workload::synthetic_trace`), a fresh allocator each time, reported
-//! per operation.
+//! Replay throughput: `alloc_trace::replay` of a 200,000-operation synthetic trace with the GPT-2
+//! step's size mix (`alloc_trace::workload::synthetic_trace`), a fresh allocator each time,
+//! reported per operation.
 //!
 //! A process of its own: after the hit benches (65,536-block populations) the heap the
 //! replay's own structures come from is fragmented, which costs it ~20% in the same process.
@@ -10,15 +10,15 @@
 
 use alloc_core::AllocConf;
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
-use testkit::workload::synthetic_trace;
+use alloc_trace::workload::synthetic_trace;
 
 /// Operations in the trace (`cargo xtask bench` divides by the same number).
 const OPS: usize = 200_000;
 
 fn replay(c: &mut Criterion) {
     let text = synthetic_trace(OPS, 256, 42);
-    let trace = testkit::trace::parse_str("synthetic", &text).unwrap();
-    let setup = testkit::Setup::from_trace(&trace, AllocConf::default(), None, None);
+    let trace = alloc_trace::parse_str("synthetic", &text).unwrap();
+    let setup = alloc_trace::Setup::from_trace(&trace, AllocConf::default(), None, None);
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(OPS as u64));
     // Flat sampling: twenty samples of the same iteration count fit the quick run's one second,
@@ -27,7 +27,7 @@ fn replay(c: &mut Criterion) {
     group.bench_function(format!("{OPS}"), |b| {
         b.iter_batched(
             || (),
-            |()| testkit::replay(&trace, &setup).unwrap(),
+            |()| alloc_trace::replay(&trace, &setup).unwrap(),
             BatchSize::PerIteration,
         )
     });

@@ -5,18 +5,17 @@
 //! free every cached segment and retry, and finally out-of-memory.
 
 use alloc::collections::BTreeMap;
-use alloc::vec::Vec;
 
 use alloc_conf::AllocConf;
 use hashbrown::HashMap;
 
 use crate::block::{BlockId, Blocks};
-use crate::device::{Device, StreamId};
-use crate::error::{AllocError, FractionError, FreeError, OutOfMemory};
-use crate::events::EventQueues;
+use crate::device::Device;
+use crate::error::FractionError;
 use crate::pool::BlockPool;
-use crate::size::{self, MAX_REQUEST, PoolKind};
+use crate::size::PoolKind;
 use crate::stats::DeviceStats;
+use crate::stream_events::EventQueues;
 
 /// Facts about the device that change the policy, given when the allocator is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +61,11 @@ pub enum Notice {
     ExpandableSegmentsUnsupported,
 }
 
+impl Notice {
+    /// How many kinds of notice there are.
+    pub const KINDS: usize = 3;
+}
+
 impl core::fmt::Display for Notice {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(match self {
@@ -78,17 +82,24 @@ impl core::fmt::Display for Notice {
     }
 }
 
-/// Padded request sizes from here on are refused as too large: every rounding of a smaller one
-/// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
-const MAX_PADDED: u64 = 1 << 63;
+/// The notices of one allocator: each kind at most once, so a fixed capacity of one slot per kind.
+type Notices = heapless::Vec<Notice, { Notice::KINDS }>;
+
+/// Records `n` once.
+fn notice(notices: &mut Notices, n: Notice) {
+    if !notices.contains(&n) {
+        // Cannot fail: there are `Notice::KINDS` kinds and each is stored at most once.
+        let _ = notices.push(n);
+    }
+}
 
 /// The most bytes all segments together may hold: the largest value of an i64 statistic.
 pub(crate) const MAX_RESERVE: u64 = i64::MAX as u64;
 
 /// What a request needs, computed once per `malloc`: torch's `AllocParams`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Request {
-    pub(crate) stream: StreamId,
+pub(crate) struct Request<S> {
+    pub(crate) stream: S,
     /// The caller's size.
     pub(crate) requested: u64,
     /// The rounded size (pad included).
@@ -103,9 +114,9 @@ pub struct Allocator<D: Device> {
     pub(crate) device: D,
     pub(crate) conf: AllocConf,
     pub(crate) facts: DeviceFacts,
-    pub(crate) blocks: Blocks,
+    pub(crate) blocks: Blocks<D::Stream>,
     /// Indexed by `pool_index`: small, large.
-    pub(crate) pools: [BlockPool; 2],
+    pub(crate) pools: [BlockPool<D::Stream>; 2],
     /// Blocks by address: every block handed out at least once, for as long as its record
     /// exists. A freed block keeps its entry, so a cached block handed out again (the common
     /// hit) needs no hash update, and `free` only looks up; an entry goes when its block is
@@ -114,7 +125,7 @@ pub struct Allocator<D: Device> {
     pub(crate) by_addr: HashMap<u64, BlockId>,
     /// Segment start address → the block at that address (it keeps its id for the segment's life).
     pub(crate) segments: BTreeMap<u64, BlockId>,
-    pub(crate) events: EventQueues<D::Event>,
+    pub(crate) events: EventQueues<D::Event, D::Stream>,
     pub(crate) stats: DeviceStats,
     /// Bytes of all device segments: torch's `total_allocated_memory`.
     pub(crate) total_allocated: u64,
@@ -124,7 +135,7 @@ pub struct Allocator<D: Device> {
     /// The GC limit in bytes while GC is on; recomputed whenever the fraction changes, because
     /// every pool lookup asks whether GC is on.
     pub(crate) gc_limit: Option<u64>,
-    notices: Vec<Notice>,
+    notices: Notices,
 }
 
 pub(crate) fn pool_index(pool: PoolKind) -> usize {
@@ -139,21 +150,21 @@ impl<D: Device> Allocator<D> {
     pub fn new(mut device: D, conf: &AllocConf, facts: DeviceFacts) -> Self {
         let total_memory = facts
             .total_memory
-            .or_else(|| device.mem_info().map(|m| m.total));
+            .or_else(|| device.mem_info().ok().map(|m| m.total));
         let mut conf = conf.clone();
-        let mut notices = Vec::new();
+        let mut notices = Notices::new();
         if conf.expandable_segments {
             conf.expandable_segments = false;
-            notices.push(Notice::ExpandableSegmentsUnsupported);
+            notice(&mut notices, Notice::ExpandableSegmentsUnsupported);
         }
         if conf.garbage_collection_threshold.is_some() && total_memory.is_none() {
-            notices.push(Notice::GcWithoutMemInfo);
+            notice(&mut notices, Notice::GcWithoutMemInfo);
         }
         let fraction = conf.per_process_memory_fraction;
         let allowed = match total_memory {
             Some(total) if fraction < 1.0 => Some((fraction * total as f64) as u64),
             None if fraction < 1.0 => {
-                notices.push(Notice::FractionWithoutMemInfo);
+                notice(&mut notices, Notice::FractionWithoutMemInfo);
                 None
             }
             _ => None,
@@ -182,149 +193,12 @@ impl<D: Device> Allocator<D> {
         allocator
     }
 
-    /// Checks and sizes a request: `Ok(None)` for a zero-size one. Runs `process_events` first,
-    /// as torch's malloc does.
-    pub(crate) fn request(
-        &mut self,
-        size: u64,
-        stream: StreamId,
-    ) -> Result<Option<Request>, AllocError<D::Error>> {
-        if size >= MAX_REQUEST {
-            return Err(AllocError::TooLarge { size });
-        }
-        if size == 0 {
-            return Ok(None);
-        }
-        // With torch_npu's 32-byte pad the padded size stays far below 2^63; only an absurd pad
-        // (a `DeviceFacts` field, or a trace's `pad` line) gets there, and rounding it would
-        // overflow: refuse it like any other request beyond 1 EiB.
-        let Some(padded) = size.checked_add(self.facts.pad).filter(|&p| p < MAX_PADDED) else {
-            return Err(AllocError::TooLarge { size });
-        };
-        self.process_events().map_err(AllocError::Device)?;
-        let rounded = size::round_size(padded, &self.conf);
-        Ok(Some(Request {
-            stream,
-            requested: size,
-            size: rounded,
-            pool: PoolKind::for_size(rounded),
-            alloc_size: size::allocation_size(rounded, &self.conf),
-        }))
-    }
-
-    /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
-    pub(crate) fn get_free_block(&mut self, req: &Request) -> Option<BlockId> {
-        let gc = self.gc_enabled();
-        let pool = &mut self.pools[pool_index(req.pool)];
-        if gc {
-            pool.lookups += 1;
-        }
-        let max_split = self.conf.max_split_size;
-        let max_non_split_rounding = self.conf.max_non_split_rounding;
-        pool.take_best_fit(req.stream, req.size, |candidate| {
-            let Some(max_split) = max_split else {
-                return true;
-            };
-            // Rule A: a request below max_split never takes an oversize block.
-            if req.size < max_split && candidate >= max_split {
-                return false;
-            }
-            // Rule B: an oversize request takes a block only if it is less than
-            // max_non_split_rounding larger. An allowance reaching past 2^64 bytes (a
-            // `max_non_split_rounding_mb` near 2^44) allows any block; torch's size_t sum would
-            // wrap around and refuse every block instead.
-            let limit = req.size.saturating_add(max_non_split_rounding);
-            !(req.size >= max_split && candidate >= limit)
-        })
-    }
-
-    /// Counts the OOM and builds the error with torch_npu's numbers.
-    pub(crate) fn out_of_memory(&mut self, req: &Request) -> OutOfMemory {
-        let info = self.device.mem_info();
-        self.stats.num_ooms += 1;
-        OutOfMemory {
-            device: self.facts.index,
-            requested: req.requested,
-            alloc_size: req.alloc_size,
-            total: info.map(|m| m.total).or(self.total_memory),
-            free: info.map(|m| m.free),
-            allocated: self.stats.allocated_bytes.all.current as u64,
-            active: self.stats.active_bytes.all.current as u64,
-            reserved: self.stats.reserved_bytes.all.current as u64,
-            allowed: self.allowed,
-        }
-    }
-
-    /// Frees the allocation at `addr` (0 is a no-op). A block used on other streams returns to its
-    /// pool only once events recorded on those streams complete.
-    pub fn free(&mut self, addr: u64) -> Result<(), FreeError<D::Error>> {
-        if addr == 0 {
-            return Ok(());
-        }
-        let id = self.live_block(addr)?;
-        let recorded = self.record_free_events(id).map_err(FreeError::Device)?;
-        let block = &mut self.blocks[id];
-        block.allocated = false;
-        let (pool, size) = (block.pool, block.size);
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, size);
-        if self.is_oversize(size) {
-            self.stats.oversize_allocations.decrease(1);
-        }
-        if !recorded {
-            self.free_block(id);
-        }
-        Ok(())
-    }
-
-    /// torch's `recordStream`: the allocation at `addr` is also used on `stream`.
-    pub fn record_stream(
-        &mut self,
-        addr: u64,
-        stream: StreamId,
-    ) -> Result<(), FreeError<D::Error>> {
-        if addr == 0 {
-            return Ok(());
-        }
-        let id = self.live_block(addr)?;
-        let block = &mut self.blocks[id];
-        if stream != block.stream && !block.stream_uses.contains(&stream) {
-            block.stream_uses.push(stream);
-        }
-        Ok(())
-    }
-
-    /// The live block at `addr`, or why there is none.
-    #[inline]
-    fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {
-        match self.by_addr.get(&addr) {
-            Some(&id) if self.blocks[id].allocated => Ok(id),
-            // A cached block (or one whose free waits on events): inside a segment.
-            Some(_) => Err(FreeError::NotAllocated { addr }),
-            None => Err(self.pointer_error(addr)),
-        }
-    }
-
     /// Drops the address-index entry of a block whose record is about to go.
     #[inline]
     pub(crate) fn unindex(&mut self, id: BlockId) {
         let block = &self.blocks[id];
         if block.indexed {
             self.by_addr.remove(&block.addr);
-        }
-    }
-
-    /// Why `addr` is not a live allocation: it lies inside one of our segments, or it is foreign.
-    fn pointer_error(&self, addr: u64) -> FreeError<D::Error> {
-        let inside = self
-            .segments
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(_, &head)| addr < self.segment_end(head));
-        if inside {
-            FreeError::NotAllocated { addr }
-        } else {
-            FreeError::ForeignPointer { addr }
         }
     }
 

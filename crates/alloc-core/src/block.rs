@@ -6,7 +6,6 @@
 
 use alloc::vec::Vec;
 
-use crate::device::StreamId;
 use crate::size::PoolKind;
 
 /// Index of a block record in the slab.
@@ -15,7 +14,7 @@ pub(crate) struct BlockId(u32);
 
 /// One block of device memory: allocated, free in a pool, or waiting on stream events.
 #[derive(Debug, Clone)]
-pub(crate) struct Block {
+pub(crate) struct Block<S> {
     /// Device address of the first byte.
     pub(crate) addr: u64,
     /// Size in bytes (rounded).
@@ -23,7 +22,7 @@ pub(crate) struct Block {
     /// The size the caller asked for, while the block is active; 0 otherwise.
     pub(crate) requested: u64,
     /// The stream the segment was allocated on; blocks are reused only there.
-    pub(crate) stream: StreamId,
+    pub(crate) stream: S,
     /// The pool the segment belongs to.
     pub(crate) pool: PoolKind,
     /// Handed out to a caller and not yet freed.
@@ -37,14 +36,14 @@ pub(crate) struct Block {
     /// Stream events still outstanding before the block may return to its pool.
     pub(crate) event_count: u32,
     /// Other streams this block was used on (`record_stream`).
-    pub(crate) stream_uses: Vec<StreamId>,
+    pub(crate) stream_uses: Vec<S>,
     /// The pool's lookup counter when the block last entered the pool (GC age base).
     pub(crate) gc_base: u64,
 }
 
-impl Block {
+impl<S> Block<S> {
     /// A new unsplit, unallocated block covering a whole segment.
-    pub(crate) fn segment(addr: u64, size: u64, stream: StreamId, pool: PoolKind) -> Block {
+    pub(crate) fn segment(addr: u64, size: u64, stream: S, pool: PoolKind) -> Self {
         Block {
             addr,
             size,
@@ -75,16 +74,25 @@ impl Block {
 }
 
 /// The slab of block records, with a free list of vacant slots.
-#[derive(Debug, Default)]
-pub(crate) struct Blocks {
-    slots: Vec<Block>,
+#[derive(Debug)]
+pub(crate) struct Blocks<S> {
+    slots: Vec<Block<S>>,
     vacant: Vec<u32>,
 }
 
-impl Blocks {
+impl<S> Default for Blocks<S> {
+    fn default() -> Self {
+        Blocks {
+            slots: Vec::new(),
+            vacant: Vec::new(),
+        }
+    }
+}
+
+impl<S> Blocks<S> {
     /// Stores a block and returns its id.
     #[inline]
-    pub(crate) fn insert(&mut self, block: Block) -> BlockId {
+    pub(crate) fn insert(&mut self, block: Block<S>) -> BlockId {
         if let Some(i) = self.vacant.pop() {
             self.slots[i as usize] = block;
             BlockId(i)
@@ -103,17 +111,17 @@ impl Blocks {
     }
 }
 
-impl core::ops::Index<BlockId> for Blocks {
-    type Output = Block;
+impl<S> core::ops::Index<BlockId> for Blocks<S> {
+    type Output = Block<S>;
     #[inline]
-    fn index(&self, id: BlockId) -> &Block {
+    fn index(&self, id: BlockId) -> &Block<S> {
         &self.slots[id.0 as usize]
     }
 }
 
-impl core::ops::IndexMut<BlockId> for Blocks {
+impl<S> core::ops::IndexMut<BlockId> for Blocks<S> {
     #[inline]
-    fn index_mut(&mut self, id: BlockId) -> &mut Block {
+    fn index_mut(&mut self, id: BlockId) -> &mut Block<S> {
         &mut self.slots[id.0 as usize]
     }
 }

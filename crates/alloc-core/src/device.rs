@@ -2,14 +2,10 @@
 //!
 //! The policy core never touches memory: it asks a [`Device`] for whole segments, returns them,
 //! records and polls stream events, and synchronizes before it gives cached memory back. A runtime
-//! (the ACL backend in `npu-runtime`, `testkit`'s `SimDevice`, or any other embedder) implements
+//! (the ACL device in `npu-runtime`, `alloc-sim`'s `SimDevice`, or any other embedder) implements
 //! this trait; the policy is generic over it (static dispatch, as wgpu-hal does).
 
 use core::fmt;
-
-/// A device stream, identified by the embedder's handle value; `StreamId(0)` is the default stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct StreamId(pub u64);
 
 /// Free and total device memory in bytes, as `mem_get_info` reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +34,19 @@ impl<E: fmt::Display> fmt::Display for DeviceError<E> {
     }
 }
 
+/// A stream handle of a [`Device`]: a value the policy copies, compares (blocks are reused only on
+/// the stream they were allocated on) and gives back to [`Device::record_event`], never invents.
+pub trait Stream: Copy + Ord + fmt::Debug {
+    /// A number for reports and snapshots (torch prints the stream's handle value).
+    fn number(self) -> u64;
+}
+
 /// What the policy needs from a device. Addresses are plain `u64`; only runtimes make pointers.
 pub trait Device {
+    /// The device's stream handle. Streams reach the policy only from its caller, so a device
+    /// whose driver dereferences stream handles makes this a type that cannot be forged in
+    /// safe code.
+    type Stream: Stream;
     /// A recorded point on a stream that can be polled; opaque to the policy.
     type Event;
     /// The device's own error (for example an ACL status code).
@@ -49,10 +56,10 @@ pub trait Device {
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<Self::Error>>;
     /// Returns a whole segment obtained from [`Device::malloc`].
     fn free(&mut self, addr: u64, bytes: u64) -> Result<(), Self::Error>;
-    /// Free and total memory, or `None` when the device cannot tell.
-    fn mem_info(&mut self) -> Option<MemInfo>;
+    /// Free and total memory.
+    fn mem_info(&mut self) -> Result<MemInfo, Self::Error>;
     /// Records an event on `stream` after all work queued on it so far.
-    fn record_event(&mut self, stream: StreamId) -> Result<Self::Event, Self::Error>;
+    fn record_event(&mut self, stream: Self::Stream) -> Result<Self::Event, Self::Error>;
     /// Whether the work before `event` has completed.
     fn event_done(&mut self, event: &Self::Event) -> Result<bool, Self::Error>;
     /// Gives a completed (or abandoned) event back, for reuse or destruction.

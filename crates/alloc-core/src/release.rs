@@ -52,7 +52,7 @@ impl<D: Device> Allocator<D> {
     /// blocks freed on the way stay freed either way.
     pub(crate) fn release_available_cached_blocks(
         &mut self,
-        req: &Request,
+        req: &Request<D::Stream>,
     ) -> Result<bool, D::Error> {
         let Some(max_split) = self.conf.max_split_size else {
             return Ok(false);

@@ -4,7 +4,7 @@
 use alloc::vec::Vec;
 
 use crate::allocator::Allocator;
-use crate::device::{Device, StreamId};
+use crate::device::Device;
 use crate::size::PoolKind;
 
 /// State of one block, with torch's names.
@@ -44,7 +44,7 @@ pub struct BlockInfo {
 
 /// One device segment and its blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SegmentInfo {
+pub struct SegmentInfo<S> {
     /// Device address of the segment.
     pub address: u64,
     /// Segment size in bytes.
@@ -56,7 +56,7 @@ pub struct SegmentInfo {
     /// Requested bytes of active blocks.
     pub requested_size: u64,
     /// The stream the segment belongs to.
-    pub stream: StreamId,
+    pub stream: S,
     /// The pool the segment belongs to.
     pub pool: PoolKind,
     /// Blocks in address order.
@@ -65,7 +65,7 @@ pub struct SegmentInfo {
 
 impl<D: Device> Allocator<D> {
     /// Every segment with its blocks, in address order: torch's `memory_snapshot()`.
-    pub fn snapshot(&self) -> Vec<SegmentInfo> {
+    pub fn snapshot(&self) -> Vec<SegmentInfo<D::Stream>> {
         let mut out = Vec::with_capacity(self.segments.len());
         for &head in self.segments.values() {
             let first = &self.blocks[head];

@@ -26,7 +26,7 @@ pub fn should_split(
 
 impl<D: Device> Allocator<D> {
     /// Splits `id` if torch would, marks the front allocated and updates the stats.
-    pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request) -> u64 {
+    pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request<D::Stream>) -> u64 {
         let size = req.size;
         let pool = req.pool;
         let block = &self.blocks[id];

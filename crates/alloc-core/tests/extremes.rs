@@ -5,7 +5,7 @@ mod common;
 
 use alloc_core::{AllocConf, AllocError, Allocator, DeviceFacts};
 use common::*;
-use testkit::SimDevice;
+use alloc_sim::SimDevice;
 
 #[test]
 fn a_pad_that_overflows_the_request_refuses_it_as_too_large() {

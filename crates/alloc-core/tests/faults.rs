@@ -6,14 +6,14 @@ mod common;
 
 use alloc_core::{AllocConf, AllocError, BlockState, FreeError};
 use common::*;
-use testkit::{DeviceCall, Fault, SimError};
+use alloc_sim::{DeviceCall, Fault, FaultError, SimError, TestDevice};
 
-fn injected(call: DeviceCall, code: i32) -> SimError {
-    SimError::Injected { call, code }
+fn injected(call: DeviceCall, code: i32) -> FaultError<SimError> {
+    FaultError::Injected { call, code }
 }
 
 /// Everything freed and `empty_cache`: nothing may be left on the device.
-fn assert_drains(a: &mut alloc_core::Allocator<testkit::SimDevice>, live: &[u64]) {
+fn assert_drains(a: &mut alloc_core::Allocator<TestDevice>, live: &[u64]) {
     a.device_mut().clear_all_faults();
     for &x in live {
         a.free(x).unwrap();
@@ -38,7 +38,7 @@ fn a_malloc_error_other_than_oom_is_returned_and_changes_no_stat() {
     );
     assert_eq!(a.stats(), &before, "no retry, no OOM, no stat");
     assert_eq!(
-        a.device().malloc_calls(),
+        a.device().calls(DeviceCall::Malloc),
         2,
         "no retry after a non-OOM error"
     );

@@ -5,12 +5,12 @@ mod common;
 
 use alloc_core::{AllocConf, Allocator, FractionError, FreeError};
 use common::*;
-use testkit::{DeviceCall, SimDevice};
+use alloc_sim::{DeviceCall, FaultError, SimError, TestDevice};
 
 /// Runs `misuse` and checks that it changed no stat and called nothing on the device.
 fn changes_nothing<T>(
-    a: &mut Allocator<SimDevice>,
-    misuse: impl FnOnce(&mut Allocator<SimDevice>) -> T,
+    a: &mut Allocator<TestDevice>,
+    misuse: impl FnOnce(&mut Allocator<TestDevice>) -> T,
 ) -> T {
     let stats = a.stats().clone();
     let calls = DeviceCall::ALL.map(|c| a.device().calls(c));
@@ -59,7 +59,7 @@ fn record_stream_of_freed_interior_or_foreign_addresses() {
         Err(FreeError::ForeignPointer { addr: 0xdead_0000 })
     );
     assert_eq!(
-        FreeError::<testkit::SimError>::ForeignPointer { addr: 0xdead_0000 }.to_string(),
+        FreeError::<FaultError<SimError>>::ForeignPointer { addr: 0xdead_0000 }.to_string(),
         "invalid device pointer: 0xdead0000"
     );
     // The refused record added no stream use: freeing y needs no event.

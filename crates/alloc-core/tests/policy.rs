@@ -411,7 +411,7 @@ fn gc_frees_the_oldest_whole_segments_first() {
 fn gc_is_off_without_a_threshold_and_unavailable_without_mem_info() {
     let a = cuda(100 * MIB, &AllocConf::default());
     assert_eq!(a.gc_status(), GcStatus::Off);
-    let dev = testkit::SimDevice::new(100 * MIB).without_mem_info();
+    let dev = alloc_sim::SimDevice::new(100 * MIB).without_mem_info();
     let b = alloc_core::Allocator::new(
         dev,
         &conf("garbage_collection_threshold:0.5"),

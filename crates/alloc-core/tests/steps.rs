@@ -6,17 +6,21 @@ mod common;
 
 use alloc_core::{AllocConf, AllocError, Allocator, Device, DeviceError, MallocStep};
 use common::*;
-use testkit::{SimDevice, SimError};
+use alloc_sim::{FaultError, SimError, SimStream, TestDevice};
+
+type Error = FaultError<SimError>;
 
 /// The segment request of `step`, panicking if the malloc finished instead.
-fn segment_request(step: MallocStep<SimError>) -> (u64, alloc_core::PendingMalloc) {
+fn segment_request(
+    step: MallocStep<Error, SimStream>,
+) -> (u64, alloc_core::PendingMalloc<SimStream>) {
     match step {
         MallocStep::NeedSegment { bytes, pending } => (bytes, pending),
         MallocStep::Done(r) => panic!("expected a segment request, got {r:?}"),
     }
 }
 
-fn done(step: MallocStep<SimError>) -> Result<u64, AllocError<SimError>> {
+fn done(step: MallocStep<Error, SimStream>) -> Result<u64, AllocError<Error>> {
     match step {
         MallocStep::Done(r) => r,
         MallocStep::NeedSegment { bytes, .. } => panic!("unexpected request of {bytes} bytes"),
@@ -107,7 +111,7 @@ fn out_of_memory_answers_walk_the_retry_chain() {
 fn a_device_error_ends_the_malloc_and_the_fraction_refuses_without_asking() {
     let mut a = cuda(GIB, &AllocConf::default());
     let (_, pending) = segment_request(a.begin_malloc(4096, S0));
-    let error = SimError::ZeroSize;
+    let error = FaultError::Device(SimError::ZeroSize);
     assert_eq!(
         done(a.resume_malloc(pending, Err(DeviceError::Other(error.clone())))),
         Err(AllocError::Device(error))
@@ -116,7 +120,7 @@ fn a_device_error_ends_the_malloc_and_the_fraction_refuses_without_asking() {
     assert_eq!(stat(&a, "num_alloc_retries"), 0);
     // A 1 GiB device limited to a quarter: a 300 MiB segment is refused at both requests of the
     // chain without a device call, then out of memory.
-    let mut a: Allocator<SimDevice> = cuda(GIB, &AllocConf::default());
+    let mut a: Allocator<TestDevice> = cuda(GIB, &AllocConf::default());
     a.set_memory_fraction(0.25).unwrap();
     assert!(matches!(
         done(a.begin_malloc(300 * MIB, S0)),

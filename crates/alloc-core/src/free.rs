@@ -1,0 +1,164 @@
+//! The free path: torch's `free`, `recordStream`, `insert_events`, `process_events` and
+//! `synchronize_and_free_events`.
+//!
+//! A block recorded on other streams (`record_stream`) is not reusable when the caller frees it:
+//! work queued on those streams may still touch it. One event per stream is recorded at free and
+//! the block stays active ("pending free") until every one of them has completed; then
+//! `free_block` (in `split`) merges it with its free neighbours and returns it to its pool.
+
+use alloc::vec::Vec;
+
+use crate::allocator::Allocator;
+use crate::block::BlockId;
+use crate::device::Device;
+use crate::error::FreeError;
+
+impl<D: Device> Allocator<D> {
+    /// Frees the allocation at `addr` (0 is a no-op). A block used on other streams returns to its
+    /// pool only once events recorded on those streams complete.
+    pub fn free(&mut self, addr: u64) -> Result<(), FreeError<D::Error>> {
+        if addr == 0 {
+            return Ok(());
+        }
+        let id = self.live_block(addr)?;
+        let recorded = self.record_free_events(id).map_err(FreeError::Device)?;
+        let block = &mut self.blocks[id];
+        block.allocated = false;
+        let (pool, size) = (block.pool, block.size);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if self.is_oversize(size) {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        if !recorded {
+            self.free_block(id);
+        }
+        Ok(())
+    }
+
+    /// torch's `recordStream`: the allocation at `addr` is also used on `stream`.
+    pub fn record_stream(
+        &mut self,
+        addr: u64,
+        stream: D::Stream,
+    ) -> Result<(), FreeError<D::Error>> {
+        if addr == 0 {
+            return Ok(());
+        }
+        let id = self.live_block(addr)?;
+        let block = &mut self.blocks[id];
+        if stream != block.stream && !block.stream_uses.contains(&stream) {
+            block.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// The live block at `addr`, or why there is none.
+    #[inline]
+    fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {
+        match self.by_addr.get(&addr) {
+            Some(&id) if self.blocks[id].allocated => Ok(id),
+            // A cached block (or one whose free waits on events): inside a segment.
+            Some(_) => Err(FreeError::NotAllocated { addr }),
+            None => Err(self.pointer_error(addr)),
+        }
+    }
+
+    /// Why `addr` is not a live allocation: it lies inside one of our segments, or it is foreign.
+    fn pointer_error(&self, addr: u64) -> FreeError<D::Error> {
+        let inside = self
+            .segments
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(_, &head)| addr < self.segment_end(head));
+        if inside {
+            FreeError::NotAllocated { addr }
+        } else {
+            FreeError::ForeignPointer { addr }
+        }
+    }
+
+    /// Records one event per stream in the block's `stream_uses` and queues them. Returns whether
+    /// the block must wait for them (`false` when it had no other uses, or when recording failed
+    /// and a device synchronization made waiting unnecessary). On error nothing has changed.
+    pub(crate) fn record_free_events(&mut self, id: BlockId) -> Result<bool, D::Error> {
+        if self.blocks[id].stream_uses.is_empty() {
+            return Ok(false);
+        }
+        let uses = core::mem::take(&mut self.blocks[id].stream_uses);
+        let mut recorded = Vec::with_capacity(uses.len());
+        for &stream in &uses {
+            match self.device.record_event(stream) {
+                Ok(event) => recorded.push((stream, event)),
+                Err(e) => {
+                    // Fall back to waiting for everything, as mindtorch does; if even that fails,
+                    // the free fails and the block stays allocated with its uses.
+                    for (_, event) in recorded {
+                        self.device.release_event(event);
+                    }
+                    if self.device.synchronize().is_ok() {
+                        return Ok(false);
+                    }
+                    self.blocks[id].stream_uses = uses;
+                    return Err(e);
+                }
+            }
+        }
+        for (stream, event) in recorded {
+            self.events.push(stream, event, id);
+            self.blocks[id].event_count += 1;
+        }
+        Ok(true)
+    }
+
+    /// torch's `process_events`: for each stream, pop completed events in order and return blocks
+    /// whose last event completed to their pools. Stops at each stream's first pending event.
+    pub fn process_events(&mut self) -> Result<(), D::Error> {
+        if self.events.pending() == 0 {
+            return Ok(());
+        }
+        let mut result = Ok(());
+        let mut queues = self.events.take();
+        'streams: for queue in queues.values_mut() {
+            while let Some((event, _)) = queue.front() {
+                match self.device.event_done(event) {
+                    Ok(true) => {}
+                    Ok(false) => break,
+                    Err(e) => {
+                        result = Err(e);
+                        break 'streams;
+                    }
+                }
+                let (event, id) = queue.pop_front().expect("front exists");
+                self.complete_event(event, id);
+            }
+        }
+        self.events.restore(queues);
+        result
+    }
+
+    /// torch's `synchronize_and_free_events`: wait for the device, then every queued event is
+    /// complete and every pending block returns to its pool.
+    pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), D::Error> {
+        // Counted on entry, as torch does, even if the synchronization then fails.
+        self.stats.num_sync_all_streams += 1;
+        self.device.synchronize()?;
+        let queues = self.events.take();
+        for (_, queue) in queues {
+            for (event, id) in queue {
+                self.complete_event(event, id);
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_event(&mut self, event: D::Event, id: BlockId) {
+        self.device.release_event(event);
+        self.events.completed();
+        let block = &mut self.blocks[id];
+        block.event_count -= 1;
+        if block.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+}

@@ -1,0 +1,122 @@
+//! `malloc` up to the miss path: check and size the request (torch's `round_size`, pool and
+//! `alloc_size`), then take the best-fitting cached block under the oversize rules (torch's
+//! `get_free_block`). A miss continues in `oom_retry`.
+
+use crate::allocator::{Allocator, Request, pool_index};
+use crate::block::BlockId;
+use crate::device::Device;
+use crate::error::AllocError;
+use crate::oom_retry::MallocStep;
+use crate::size::{self, MAX_REQUEST, PoolKind};
+
+/// Padded request sizes from here on are refused as too large: every rounding of a smaller one
+/// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
+const MAX_PADDED: u64 = 1 << 63;
+
+/// What the pool lookup of a malloc found.
+enum Lookup<S> {
+    /// An address to return (0 for a zero-size request).
+    Found(u64),
+    /// Nothing: the miss path runs.
+    Miss(Request<S>),
+}
+
+impl<D: Device> Allocator<D> {
+    /// Allocates `size` bytes for use on `stream`. Returns the address, or 0 for a zero-size
+    /// request (which changes no stats).
+    pub fn malloc(&mut self, size: u64, stream: D::Stream) -> Result<u64, AllocError<D::Error>> {
+        // The hit path returns without building a step.
+        let req = match self.lookup(size, stream)? {
+            Lookup::Found(addr) => return Ok(addr),
+            Lookup::Miss(req) => req,
+        };
+        let mut step = self.miss(req);
+        loop {
+            match step {
+                MallocStep::Done(result) => return result,
+                MallocStep::NeedSegment { bytes, pending } => {
+                    let segment = self.device.malloc(bytes);
+                    step = self.resume_malloc(pending, segment);
+                }
+            }
+        }
+    }
+
+    /// [`Allocator::malloc`] up to its first device malloc, if it needs one.
+    pub fn begin_malloc(&mut self, size: u64, stream: D::Stream) -> MallocStep<D::Error, D::Stream> {
+        match self.lookup(size, stream) {
+            Ok(Lookup::Found(addr)) => MallocStep::Done(Ok(addr)),
+            Ok(Lookup::Miss(req)) => self.miss(req),
+            Err(e) => MallocStep::Done(Err(e)),
+        }
+    }
+
+    /// torch's malloc up to the miss path: size the request and take a cached block if one fits.
+    #[inline]
+    fn lookup(&mut self, size: u64, stream: D::Stream) -> Result<Lookup<D::Stream>, AllocError<D::Error>> {
+        let Some(req) = self.request(size, stream)? else {
+            return Ok(Lookup::Found(0));
+        };
+        Ok(match self.get_free_block(&req) {
+            Some(id) => Lookup::Found(self.alloc_found_block(id, &req)),
+            None => Lookup::Miss(req),
+        })
+    }
+
+    /// Checks and sizes a request: `Ok(None)` for a zero-size one. Runs `process_events` first,
+    /// as torch's malloc does.
+    pub(crate) fn request(
+        &mut self,
+        size: u64,
+        stream: D::Stream,
+    ) -> Result<Option<Request<D::Stream>>, AllocError<D::Error>> {
+        if size >= MAX_REQUEST {
+            return Err(AllocError::TooLarge { size });
+        }
+        if size == 0 {
+            return Ok(None);
+        }
+        // With torch_npu's 32-byte pad the padded size stays far below 2^63; only an absurd pad
+        // (a `DeviceFacts` field, or a trace's `pad` line) gets there, and rounding it would
+        // overflow: refuse it like any other request beyond 1 EiB.
+        let Some(padded) = size.checked_add(self.facts.pad).filter(|&p| p < MAX_PADDED) else {
+            return Err(AllocError::TooLarge { size });
+        };
+        self.process_events().map_err(AllocError::Device)?;
+        let rounded = size::round_size(padded, &self.conf);
+        Ok(Some(Request {
+            stream,
+            requested: size,
+            size: rounded,
+            pool: PoolKind::for_size(rounded),
+            alloc_size: size::allocation_size(rounded, &self.conf),
+        }))
+    }
+
+    /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
+    pub(crate) fn get_free_block(&mut self, req: &Request<D::Stream>) -> Option<BlockId> {
+        let gc = self.gc_enabled();
+        let pool = &mut self.pools[pool_index(req.pool)];
+        if gc {
+            pool.lookups += 1;
+        }
+        let max_split = self.conf.max_split_size;
+        let max_non_split_rounding = self.conf.max_non_split_rounding;
+        pool.take_best_fit(req.stream, req.size, |candidate| {
+            let Some(max_split) = max_split else {
+                return true;
+            };
+            // Rule A: a request below max_split never takes an oversize block.
+            if req.size < max_split && candidate >= max_split {
+                return false;
+            }
+            // Rule B: an oversize request takes a block only if it is less than
+            // max_non_split_rounding larger. An allowance reaching past 2^64 bytes (a
+            // `max_non_split_rounding_mb` near 2^44) allows any block; torch's size_t sum would
+            // wrap around and refuse every block instead.
+            let limit = req.size.saturating_add(max_non_split_rounding);
+            !(req.size >= max_split && candidate >= limit)
+        })
+    }
+
+}

@@ -1,0 +1,165 @@
+//! The OOM retry chain, as resumable steps: what torch does after `get_free_block` fails (GC,
+//! `alloc_block`, `release_available_cached_blocks` and `alloc_block`, `release_cached_blocks`
+//! and `alloc_block` again) stops at each device malloc and hands it to the caller.
+//!
+//! This is what lets a runtime release its lock around the device malloc, as torch_npu does
+//! with `release_lock_on_npumalloc:True`: [`Allocator::begin_malloc`] returns
+//! [`MallocStep::NeedSegment`], the runtime unlocks, allocates, relocks, and
+//! [`Allocator::resume_malloc`] carries on where the chain stopped. Other threads may use the
+//! allocator in between; as in torch_npu, the chain then goes on without looking at the cache
+//! again. [`Allocator::malloc`] is the same loop with the device called in place.
+
+use crate::allocator::{Allocator, MAX_RESERVE, Request};
+use crate::block::{Block, BlockId};
+use crate::device::{Device, DeviceError};
+use crate::error::{AllocError, OutOfMemory};
+
+/// Which `alloc_block` of the retry chain a segment request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// The first, right after the pool lookup (and GC) failed.
+    First,
+    /// After `release_available_cached_blocks` freed enough oversize blocks.
+    AfterRelease,
+    /// The last, after `release_cached_blocks` (counted in `num_alloc_retries`).
+    Retry,
+}
+
+/// A `malloc` stopped at a device malloc; give it back to [`Allocator::resume_malloc`] with the
+/// device's answer.
+/// Neither `Clone` nor `Copy`: it is resumed once.
+#[derive(Debug)]
+#[must_use = "a pending malloc must be resumed with the device's answer, or a segment leaks"]
+pub struct PendingMalloc<S> {
+    req: Request<S>,
+    stage: Stage,
+}
+
+/// Where a `malloc` stands: finished, or waiting for a device segment.
+#[derive(Debug)]
+pub enum MallocStep<E, S> {
+    /// The malloc finished: the address (0 for a zero-size request) or why not.
+    Done(Result<u64, AllocError<E>>),
+    /// Allocate `bytes` on the device, then call [`Allocator::resume_malloc`] with the result.
+    NeedSegment {
+        /// The segment size (torch's `alloc_size`).
+        bytes: u64,
+        /// What to resume.
+        pending: PendingMalloc<S>,
+    },
+}
+
+impl<D: Device> Allocator<D> {
+    /// The miss path from its start: GC if enabled, then the first segment request.
+    pub(crate) fn miss(&mut self, req: Request<D::Stream>) -> MallocStep<D::Error, D::Stream> {
+        if self.gc_enabled() {
+            if let Err(e) = self.garbage_collect_cached_blocks() {
+                return MallocStep::Done(Err(AllocError::Device(e)));
+            }
+        }
+        self.request_segment(req, Stage::First)
+    }
+
+    /// Continues a malloc with the device's answer to its segment request.
+    ///
+    /// Any device error other than out-of-memory ends the malloc at once, as in CUDA (torch_npu
+    /// instead runs the rest of the retry chain before raising it); the cache is left as the
+    /// chain had it.
+    pub fn resume_malloc(
+        &mut self,
+        pending: PendingMalloc<D::Stream>,
+        segment: Result<u64, DeviceError<D::Error>>,
+    ) -> MallocStep<D::Error, D::Stream> {
+        let req = pending.req;
+        match segment {
+            // Other mallocs may have grown the reserve while this one waited for the device
+            // without the lock; the bound that keeps the stats exact is checked again.
+            Ok(addr) if self.total_allocated + req.alloc_size > MAX_RESERVE => {
+                match self.device.free(addr, req.alloc_size) {
+                    Ok(()) => self.after_failed_segment(req, pending.stage),
+                    Err(e) => MallocStep::Done(Err(AllocError::Device(e))),
+                }
+            }
+            Ok(addr) => {
+                let id = self.add_segment(addr, &req);
+                MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
+            }
+            Err(DeviceError::Other(e)) => MallocStep::Done(Err(AllocError::Device(e))),
+            Err(DeviceError::OutOfMemory) => self.after_failed_segment(req, pending.stage),
+        }
+    }
+
+    /// torch's `alloc_block` up to the device call: count a retry, and refuse without calling
+    /// the device past the fraction limit (or past the largest reserve an i64 statistic can
+    /// count, which only a simulated device offers; that bound is what lets every current
+    /// statistic be updated without overflow checks). A refusal moves down the chain.
+    fn request_segment(&mut self, req: Request<D::Stream>, stage: Stage) -> MallocStep<D::Error, D::Stream> {
+        if stage == Stage::Retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        let total = self.total_allocated + req.alloc_size;
+        let refused = total > MAX_RESERVE || self.allowed.is_some_and(|allowed| total > allowed);
+        if refused {
+            return self.after_failed_segment(req, stage);
+        }
+        MallocStep::NeedSegment {
+            bytes: req.alloc_size,
+            pending: PendingMalloc { req, stage },
+        }
+    }
+
+    /// The chain after the `alloc_block` at `stage` got no segment: release what torch releases
+    /// there and ask again, or, after the last, out of memory.
+    fn after_failed_segment(&mut self, req: Request<D::Stream>, stage: Stage) -> MallocStep<D::Error, D::Stream> {
+        let next = match stage {
+            Stage::First => match self.release_available_cached_blocks(&req) {
+                Ok(true) => Ok(Stage::AfterRelease),
+                Ok(false) => self.release_cached_blocks().map(|()| Stage::Retry),
+                Err(e) => Err(e),
+            },
+            Stage::AfterRelease => self.release_cached_blocks().map(|()| Stage::Retry),
+            Stage::Retry => {
+                return MallocStep::Done(Err(AllocError::OutOfMemory(self.out_of_memory(&req))));
+            }
+        };
+        match next {
+            Ok(stage) => self.request_segment(req, stage),
+            Err(e) => MallocStep::Done(Err(AllocError::Device(e))),
+        }
+    }
+
+    /// Registers a new device segment of `req.alloc_size` bytes at `addr` (the rest of torch's
+    /// `alloc_block`) and returns its block.
+    fn add_segment(&mut self, addr: u64, req: &Request<D::Stream>) -> BlockId {
+        let size = req.alloc_size;
+        self.total_allocated += size;
+        let id = self
+            .blocks
+            .insert(Block::segment(addr, size, req.stream, req.pool));
+        self.segments.insert(addr, id);
+        self.stats.segment.increase(req.pool, 1);
+        self.stats.reserved_bytes.increase(req.pool, size);
+        if self.is_oversize(size) {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        id
+    }
+
+    /// Counts the OOM and builds the error with torch_npu's numbers.
+    pub(crate) fn out_of_memory(&mut self, req: &Request<D::Stream>) -> OutOfMemory {
+        let info = self.device.mem_info().ok();
+        self.stats.num_ooms += 1;
+        OutOfMemory {
+            device: self.facts.index,
+            requested: req.requested,
+            alloc_size: req.alloc_size,
+            total: info.map(|m| m.total).or(self.total_memory),
+            free: info.map(|m| m.free),
+            allocated: self.stats.allocated_bytes.all.current as u64,
+            active: self.stats.active_bytes.all.current as u64,
+            reserved: self.stats.reserved_bytes.all.current as u64,
+            allowed: self.allowed,
+        }
+    }
+}

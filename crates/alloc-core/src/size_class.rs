@@ -1,0 +1,184 @@
+//! Size classes: the free blocks of one stream of a pool, spread over TLSF-style classes (8 per
+//! power of two of 512-byte units) with a bitmap of non-empty classes. Each class is a
+//! [`SortedBin`] keyed by (size, address) packed into one `u128`. Classes are monotone in size, so
+//! walking the classes in order and each bin in order is exactly torch's (size, address) order;
+//! but each bin stays small, so a best-fit lookup is a bitmap scan plus a search in a node or two
+//! instead of a walk down one deep tree.
+
+use alloc::vec::Vec;
+
+use crate::block::BlockId;
+use crate::sorted_bin::{Found, SortedBin};
+
+/// (size, address) packed so that integer order is (size, address) order.
+#[inline]
+pub(crate) fn key(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
+#[inline]
+pub(crate) fn size_of(key: u128) -> u64 {
+    (key >> 64) as u64
+}
+
+/// Number of size classes: 8 below 4 KiB, then 8 per power of two up to 2^64 bytes.
+const CLASSES: usize = 8 + 52 * 8;
+const WORDS: usize = CLASSES.div_ceil(64);
+
+/// The size class of a block size: monotone, so class order agrees with size order.
+#[inline]
+fn class(size: u64) -> usize {
+    let units = size >> 9;
+    if units < 8 {
+        return units as usize;
+    }
+    let exp = 63 - units.leading_zeros() as usize;
+    let mantissa = ((units >> (exp - 3)) & 7) as usize;
+    8 + (exp - 3) * 8 + mantissa
+}
+
+/// The free blocks of one stream of one pool, binned by size class.
+#[derive(Debug)]
+pub(crate) struct SizeClasses {
+    bins: Vec<SortedBin>,
+    occupied: [u64; WORDS],
+}
+
+impl Default for SizeClasses {
+    fn default() -> Self {
+        SizeClasses {
+            bins: (0..CLASSES).map(|_| SortedBin::default()).collect(),
+            occupied: [0; WORDS],
+        }
+    }
+}
+
+impl SizeClasses {
+    #[inline]
+    pub(crate) fn insert(&mut self, k: u128, id: BlockId) {
+        let c = class(size_of(k));
+        self.bins[c].insert(k, id);
+        self.occupied[c / 64] |= 1 << (c % 64);
+    }
+
+    #[inline]
+    pub(crate) fn remove(&mut self, k: u128) -> bool {
+        let c = class(size_of(k));
+        let removed = self.bins[c].remove(k);
+        if self.bins[c].is_empty() {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
+        removed
+    }
+
+    /// The first non-empty class at or after `from`.
+    #[inline]
+    fn next_class(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        if word >= WORDS {
+            return None;
+        }
+        let mut bits = self.occupied[word] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word == WORDS {
+                return None;
+            }
+            bits = self.occupied[word];
+        }
+    }
+
+    /// Non-empty classes in ascending order within `range`.
+    fn classes(
+        &self,
+        range: core::ops::Range<usize>,
+    ) -> impl DoubleEndedIterator<Item = usize> + '_ {
+        range.filter(|&c| self.occupied[c / 64] & (1 << (c % 64)) != 0)
+    }
+
+    /// The first entry with key ≥ `k` and its class.
+    #[inline]
+    pub(crate) fn find_from(&self, k: u128) -> Option<(usize, Found)> {
+        let c = class(size_of(k));
+        if let Some(found) = self.bins[c].find_from(k) {
+            return Some((c, found));
+        }
+        let next = self.next_class(c + 1)?;
+        Some((next, self.bins[next].find_from(0)?))
+    }
+
+    /// Removes an entry just found by [`SizeClasses::find_from`].
+    #[inline]
+    pub(crate) fn remove_found(&mut self, c: usize, found: Found) {
+        self.bins[c].remove_at(found);
+        if self.bins[c].is_empty() {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
+    }
+
+    /// Entries with key ≥ `k`, ascending.
+    pub(crate) fn from(&self, k: u128) -> impl Iterator<Item = (u128, BlockId)> + '_ {
+        let c = class(size_of(k));
+        self.bins[c].range(k..).chain(
+            self.classes(c + 1..CLASSES)
+                .flat_map(|c| self.bins[c].range(..)),
+        )
+    }
+
+    /// Entries with key < `k`, descending.
+    pub(crate) fn below_desc(&self, k: u128) -> impl Iterator<Item = (u128, BlockId)> + '_ {
+        let c = class(size_of(k));
+        self.bins[c].range(..k).rev().chain(
+            self.classes(0..c)
+                .rev()
+                .flat_map(|c| self.bins[c].range(..).rev()),
+        )
+    }
+
+    /// All entries, ascending.
+    pub(crate) fn values(&self) -> impl Iterator<Item = BlockId> + '_ {
+        self.classes(0..CLASSES)
+            .flat_map(|c| self.bins[c].range(..).map(|(_, id)| id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_are_monotone_and_in_range() {
+        let mut sizes: Vec<u64> = (0..1u64 << 16)
+            .map(|i| i * 512)
+            .chain((9..64).flat_map(|e| [(1u64 << e) - 512, 1u64 << e, (1u64 << e) + 512]))
+            .chain([u64::MAX])
+            .collect();
+        sizes.sort_unstable();
+        for w in sizes.windows(2) {
+            assert!(class(w[0]) <= class(w[1]), "{} {}", w[0], w[1]);
+            assert!(class(w[1]) < CLASSES);
+        }
+        for w in [
+            512u64,
+            1024,
+            4096,
+            4608,
+            1 << 20,
+            (1 << 20) + 512,
+            20 << 20,
+            1 << 40,
+        ]
+        .windows(2)
+        {
+            assert!(class(w[0]) <= class(w[1]));
+        }
+        assert_eq!(class(512), 1);
+        assert_eq!(class(4096), 8);
+        assert_eq!(class(4096 + 512), 9);
+        assert_eq!(class(8192), 16);
+        assert_eq!(class(u64::MAX), CLASSES - 1);
+    }
+}

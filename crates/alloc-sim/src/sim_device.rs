@@ -1,0 +1,715 @@
+//! A deterministic simulated device for tests, benches and trace replay.
+//!
+//! `alloc-core` only sees memory through the [`Device`] trait. To test the policy (and to replay
+//! traces before anyone reaches an Ascend box) we need a device whose every observable is under
+//! the test's control: addresses are predictable, capacity is exact, stream work completes only
+//! when the test says so, and counters prove that nothing leaks. Failures on cue come from
+//! wrapping it in a [`FaultInjector`](crate::FaultInjector).
+//!
+//! Addresses come from a bump pointer that starts at [`BASE_ADDRESS`] and aligns every segment to
+//! [`SEGMENT_ALIGNMENT`]; freed address space is never handed out again, so the first segment of
+//! a fresh device is always at `0x1_0000_0000`, the next one at the following 2 MiB boundary past
+//! its end, and so on.
+//!
+//! Capacity follows the trace spec: a `malloc` fails with [`DeviceError::OutOfMemory`] when the
+//! bytes handed out plus the device overhead plus the request exceed the capacity, and
+//! [`Device::mem_info`] reports `(capacity - overhead - handed out, capacity)`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use alloc_core::{Device, DeviceError, MemInfo, Stream};
+
+use crate::fault::DeviceCall;
+
+/// Where the first segment of a fresh [`SimDevice`] lives.
+pub const BASE_ADDRESS: u64 = 0x1_0000_0000;
+/// Every segment address is a multiple of this (2 MiB, a multiple of torch's 512-byte minimum).
+pub const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+/// The capacity a trace gets when it names none (64 GiB).
+pub const DEFAULT_CAPACITY: u64 = 64 << 30;
+
+/// A stream of the simulated device: any number names one (0 is the default stream). The
+/// simulated device never dereferences anything, so a made-up stream is harmless.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct SimStream(pub u64);
+
+impl Stream for SimStream {
+    #[inline]
+    fn number(self) -> u64 {
+        self.0
+    }
+}
+
+/// Why a simulated device call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SimError {
+    /// `free` of an address that is not the start of a live segment.
+    UnknownSegment {
+        /// The address given.
+        addr: u64,
+    },
+    /// `free` of a live segment with a size other than the one it was allocated with.
+    SizeMismatch {
+        /// The segment's address.
+        addr: u64,
+        /// The size it was allocated with.
+        expected: u64,
+        /// The size given to `free`.
+        got: u64,
+    },
+    /// `malloc(0)`: the policy never asks for an empty segment.
+    ZeroSize,
+    /// `event_done` of an event this device did not record.
+    UnknownEvent {
+        /// The event's serial number.
+        id: u64,
+    },
+    /// `mem_info` on a device built [`SimDevice::without_mem_info`].
+    MemInfoUnsupported,
+}
+
+impl fmt::Display for SimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SimError::UnknownSegment { addr } => {
+                write!(f, "free of {addr:#x}, which is not a live segment")
+            }
+            SimError::SizeMismatch {
+                addr,
+                expected,
+                got,
+            } => write!(
+                f,
+                "free of segment {addr:#x} with size {got}, but it was allocated with {expected}"
+            ),
+            SimError::ZeroSize => f.write_str("malloc of 0 bytes"),
+            SimError::UnknownEvent { id } => {
+                write!(f, "event {id} was not recorded on this device")
+            }
+            SimError::MemInfoUnsupported => f.write_str("mem_info is not supported"),
+        }
+    }
+}
+
+impl std::error::Error for SimError {}
+
+/// An event recorded on a [`SimDevice`] stream; it completes when the test completes the stream.
+///
+/// Not `Clone`: it is given back exactly once with [`Device::release_event`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct SimEvent {
+    id: u64,
+    stream: SimStream,
+    seq: u64,
+}
+
+impl SimEvent {
+    /// The device-wide serial number of this event (0 for the first one recorded).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The stream it was recorded on.
+    pub fn stream(&self) -> SimStream {
+        self.stream
+    }
+}
+
+/// Per-stream event clock: events `0..recorded` exist, `0..completed` are done.
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamClock {
+    recorded: u64,
+    completed: u64,
+}
+
+/// A deterministic, capacity-limited simulated device with test-controlled event completion.
+#[derive(Debug, Clone)]
+pub struct SimDevice {
+    capacity: u64,
+    overhead: u64,
+    mem_info_supported: bool,
+    next_addr: u64,
+    segments: BTreeMap<u64, u64>,
+    handed_out: u64,
+    peak: u64,
+    streams: HashMap<u64, StreamClock>,
+    next_event_id: u64,
+    outstanding_events: u64,
+    successful_mallocs: u64,
+    frees: u64,
+    events_recorded: u64,
+    events_released: u64,
+    /// Calls that reached the device, per [`DeviceCall`], failed ones included.
+    calls: [u64; DeviceCall::ALL.len()],
+}
+
+impl Default for SimDevice {
+    fn default() -> Self {
+        SimDevice::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl SimDevice {
+    /// A device with `capacity` bytes, no overhead, `mem_info` supported and no faults.
+    pub fn new(capacity: u64) -> Self {
+        SimDevice {
+            capacity,
+            overhead: 0,
+            mem_info_supported: true,
+            next_addr: BASE_ADDRESS,
+            segments: BTreeMap::new(),
+            handed_out: 0,
+            peak: 0,
+            streams: HashMap::new(),
+            next_event_id: 0,
+            outstanding_events: 0,
+            successful_mallocs: 0,
+            frees: 0,
+            events_recorded: 0,
+            events_released: 0,
+            calls: [0; DeviceCall::ALL.len()],
+        }
+    }
+
+    /// Builder: memory the device reports as used by others (the trace's `device_overhead`).
+    pub fn with_device_overhead(mut self, bytes: u64) -> Self {
+        self.overhead = bytes;
+        self
+    }
+
+    /// Builder: `mem_info` fails, like a device that cannot tell.
+    pub fn without_mem_info(mut self) -> Self {
+        self.mem_info_supported = false;
+        self
+    }
+
+    /// The device's total memory.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Changes the total memory; live segments stay live even if they no longer fit.
+    pub fn set_capacity(&mut self, bytes: u64) {
+        self.capacity = bytes;
+    }
+
+    /// Memory reported as used by others.
+    pub fn device_overhead(&self) -> u64 {
+        self.overhead
+    }
+
+    /// Changes the memory used by others (another process grabbing memory mid-test).
+    pub fn set_device_overhead(&mut self, bytes: u64) {
+        self.overhead = bytes;
+    }
+
+    /// Turns `mem_info` support on or off.
+    pub fn set_mem_info_supported(&mut self, supported: bool) {
+        self.mem_info_supported = supported;
+    }
+
+    // ----- events under test control -----
+
+    /// Completes every event recorded on `stream` so far; later events stay pending.
+    pub fn complete_stream(&mut self, stream: SimStream) {
+        if let Some(clock) = self.streams.get_mut(&stream.0) {
+            clock.completed = clock.recorded;
+        }
+    }
+
+    /// Completes every event recorded so far on every stream.
+    pub fn complete_all(&mut self) {
+        for clock in self.streams.values_mut() {
+            clock.completed = clock.recorded;
+        }
+    }
+
+    /// Events recorded on `stream` that have not completed yet (released or not).
+    pub fn pending_events(&self, stream: SimStream) -> u64 {
+        self.streams
+            .get(&stream.0)
+            .map_or(0, |c| c.recorded - c.completed)
+    }
+
+    // ----- counters -----
+
+    /// Calls of `call` that reached the device so far, failed ones included.
+    pub fn calls(&self, call: DeviceCall) -> u64 {
+        self.calls[call as usize]
+    }
+
+    fn count(&mut self, call: DeviceCall) {
+        self.calls[call as usize] += 1;
+    }
+
+    /// `malloc` calls so far, failed ones included.
+    pub fn malloc_calls(&self) -> u64 {
+        self.calls(DeviceCall::Malloc)
+    }
+
+    /// `malloc` calls that returned a segment.
+    pub fn successful_mallocs(&self) -> u64 {
+        self.successful_mallocs
+    }
+
+    /// `free` calls so far, failed ones included.
+    pub fn free_calls(&self) -> u64 {
+        self.calls(DeviceCall::Free)
+    }
+
+    /// `free` calls that returned a segment.
+    pub fn frees(&self) -> u64 {
+        self.frees
+    }
+
+    /// `synchronize` calls so far, failed ones included.
+    pub fn synchronize_calls(&self) -> u64 {
+        self.calls(DeviceCall::Synchronize)
+    }
+
+    /// `event_done` calls so far, failed ones included.
+    pub fn event_done_calls(&self) -> u64 {
+        self.calls(DeviceCall::EventDone)
+    }
+
+    /// `mem_info` calls so far, failed ones included.
+    pub fn mem_info_calls(&self) -> u64 {
+        self.calls(DeviceCall::MemInfo)
+    }
+
+    /// Events successfully recorded so far.
+    pub fn events_recorded(&self) -> u64 {
+        self.events_recorded
+    }
+
+    /// Events given back with `release_event` so far.
+    pub fn events_released(&self) -> u64 {
+        self.events_released
+    }
+
+    /// Events recorded and not yet released: non-zero at the end of a test means a leak.
+    pub fn outstanding_events(&self) -> u64 {
+        self.outstanding_events
+    }
+
+    /// Bytes handed out in live segments now.
+    pub fn outstanding_bytes(&self) -> u64 {
+        self.handed_out
+    }
+
+    /// Live segments now.
+    pub fn outstanding_segments(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// The most bytes ever handed out at once (since creation or [`SimDevice::reset_peak`]).
+    pub fn peak_outstanding_bytes(&self) -> u64 {
+        self.peak
+    }
+
+    /// Sets the peak to the bytes handed out now.
+    pub fn reset_peak(&mut self) {
+        self.peak = self.handed_out;
+    }
+
+    /// Live segments as `(address, bytes)`, in address order.
+    pub fn segments(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.segments.iter().map(|(&a, &b)| (a, b))
+    }
+
+    /// The live segment `(address, bytes)` that contains `addr`, if any.
+    pub fn segment_containing(&self, addr: u64) -> Option<(u64, u64)> {
+        self.segments
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&start, &bytes)| addr - start < bytes)
+            .map(|(&start, &bytes)| (start, bytes))
+    }
+
+    /// The size of the live segment starting at `addr`, if any.
+    pub fn segment_size(&self, addr: u64) -> Option<u64> {
+        self.segments.get(&addr).copied()
+    }
+}
+
+impl AsRef<SimDevice> for SimDevice {
+    fn as_ref(&self) -> &SimDevice {
+        self
+    }
+}
+
+impl Device for SimDevice {
+    type Stream = SimStream;
+    type Event = SimEvent;
+    type Error = SimError;
+
+    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<SimError>> {
+        self.count(DeviceCall::Malloc);
+        if bytes == 0 {
+            return Err(DeviceError::Other(SimError::ZeroSize));
+        }
+        let fits = self
+            .handed_out
+            .checked_add(self.overhead)
+            .and_then(|used| used.checked_add(bytes))
+            .is_some_and(|needed| needed <= self.capacity);
+        if !fits {
+            return Err(DeviceError::OutOfMemory);
+        }
+        // Out of address space counts as out of memory too (only reachable with huge capacities).
+        let addr = self
+            .next_addr
+            .checked_next_multiple_of(SEGMENT_ALIGNMENT)
+            .filter(|a| a.checked_add(bytes).is_some())
+            .ok_or(DeviceError::OutOfMemory)?;
+        self.next_addr = addr + bytes;
+        self.segments.insert(addr, bytes);
+        self.handed_out += bytes;
+        self.peak = self.peak.max(self.handed_out);
+        self.successful_mallocs += 1;
+        Ok(addr)
+    }
+
+    fn free(&mut self, addr: u64, bytes: u64) -> Result<(), SimError> {
+        self.count(DeviceCall::Free);
+        match self.segments.get(&addr) {
+            None => Err(SimError::UnknownSegment { addr }),
+            Some(&expected) if expected != bytes => Err(SimError::SizeMismatch {
+                addr,
+                expected,
+                got: bytes,
+            }),
+            Some(_) => {
+                self.segments.remove(&addr);
+                self.handed_out -= bytes;
+                self.frees += 1;
+                Ok(())
+            }
+        }
+    }
+
+    fn mem_info(&mut self) -> Result<MemInfo, SimError> {
+        self.count(DeviceCall::MemInfo);
+        if !self.mem_info_supported {
+            return Err(SimError::MemInfoUnsupported);
+        }
+        Ok(MemInfo {
+            free: self
+                .capacity
+                .saturating_sub(self.overhead)
+                .saturating_sub(self.handed_out),
+            total: self.capacity,
+        })
+    }
+
+    fn record_event(&mut self, stream: SimStream) -> Result<SimEvent, SimError> {
+        self.count(DeviceCall::RecordEvent);
+        let clock = self.streams.entry(stream.0).or_default();
+        let seq = clock.recorded;
+        clock.recorded += 1;
+        let id = self.next_event_id;
+        self.next_event_id += 1;
+        self.events_recorded += 1;
+        self.outstanding_events += 1;
+        Ok(SimEvent { id, stream, seq })
+    }
+
+    fn event_done(&mut self, event: &SimEvent) -> Result<bool, SimError> {
+        self.count(DeviceCall::EventDone);
+        match self.streams.get(&event.stream.0) {
+            Some(clock) if event.seq < clock.recorded => Ok(event.seq < clock.completed),
+            _ => Err(SimError::UnknownEvent { id: event.id }),
+        }
+    }
+
+    fn release_event(&mut self, _event: SimEvent) {
+        self.events_released += 1;
+        self.outstanding_events = self.outstanding_events.saturating_sub(1);
+    }
+
+    fn synchronize(&mut self) -> Result<(), SimError> {
+        self.count(DeviceCall::Synchronize);
+        self.complete_all();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const S0: SimStream = SimStream(0);
+    const S1: SimStream = SimStream(1);
+
+    #[test]
+    fn addresses_are_deterministic_and_aligned() {
+        let mut d = SimDevice::new(1 << 30);
+        assert_eq!(d.malloc(2 * MIB), Ok(0x1_0000_0000));
+        assert_eq!(d.malloc(512), Ok(0x1_0020_0000));
+        assert_eq!(d.malloc(3 * MIB), Ok(0x1_0040_0000));
+        assert_eq!(d.malloc(1), Ok(0x1_0080_0000));
+        let mut again = SimDevice::new(1 << 30);
+        assert_eq!(again.malloc(2 * MIB), Ok(BASE_ADDRESS));
+    }
+
+    #[test]
+    fn addresses_are_never_reused() {
+        let mut d = SimDevice::new(1 << 30);
+        let a = d.malloc(MIB).unwrap();
+        d.free(a, MIB).unwrap();
+        let b = d.malloc(MIB).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(b % SEGMENT_ALIGNMENT, 0);
+    }
+
+    #[test]
+    fn capacity_and_overhead_limit_malloc() {
+        let mut d = SimDevice::new(10 * MIB).with_device_overhead(2 * MIB);
+        assert_eq!(d.malloc(8 * MIB + 1), Err(DeviceError::OutOfMemory));
+        assert!(d.malloc(6 * MIB).is_ok());
+        assert_eq!(d.malloc(2 * MIB + 1), Err(DeviceError::OutOfMemory));
+        assert!(d.malloc(2 * MIB).is_ok(), "exactly full is allowed");
+        assert_eq!(d.malloc(1), Err(DeviceError::OutOfMemory));
+        assert_eq!(d.malloc_calls(), 5);
+        assert_eq!(d.successful_mallocs(), 2);
+        assert_eq!(d.outstanding_bytes(), 8 * MIB);
+        assert_eq!(d.outstanding_segments(), 2);
+    }
+
+    #[test]
+    fn huge_requests_do_not_overflow() {
+        let mut d = SimDevice::new(u64::MAX).with_device_overhead(u64::MAX);
+        assert_eq!(d.malloc(u64::MAX), Err(DeviceError::OutOfMemory));
+        let mut d = SimDevice::new(u64::MAX);
+        assert_eq!(
+            d.malloc(u64::MAX),
+            Err(DeviceError::OutOfMemory),
+            "no address space left"
+        );
+        assert_eq!(d.malloc(u64::MAX - BASE_ADDRESS), Ok(BASE_ADDRESS));
+        assert_eq!(d.malloc(1), Err(DeviceError::OutOfMemory));
+        assert_eq!(d.mem_info().unwrap().free, BASE_ADDRESS);
+    }
+
+    #[test]
+    fn zero_size_malloc_is_an_error() {
+        let mut d = SimDevice::new(MIB);
+        assert_eq!(d.malloc(0), Err(DeviceError::Other(SimError::ZeroSize)));
+        assert_eq!(d.outstanding_segments(), 0);
+    }
+
+    #[test]
+    fn mem_info_reports_free_and_total() {
+        let mut d = SimDevice::new(100 * MIB).with_device_overhead(10 * MIB);
+        assert_eq!(
+            d.mem_info(),
+            Ok(MemInfo {
+                free: 90 * MIB,
+                total: 100 * MIB
+            })
+        );
+        d.malloc(30 * MIB).unwrap();
+        assert_eq!(
+            d.mem_info(),
+            Ok(MemInfo {
+                free: 60 * MIB,
+                total: 100 * MIB
+            })
+        );
+        d.set_device_overhead(200 * MIB);
+        assert_eq!(
+            d.mem_info(),
+            Ok(MemInfo {
+                free: 0,
+                total: 100 * MIB
+            }),
+            "saturates"
+        );
+        d.set_capacity(20 * MIB);
+        d.set_device_overhead(0);
+        assert_eq!(
+            d.mem_info(),
+            Ok(MemInfo {
+                free: 0,
+                total: 20 * MIB
+            }),
+            "saturates"
+        );
+        assert_eq!(d.mem_info_calls(), 4);
+    }
+
+    #[test]
+    fn mem_info_can_be_unsupported() {
+        let mut d = SimDevice::new(MIB).without_mem_info();
+        assert_eq!(d.mem_info(), Err(SimError::MemInfoUnsupported));
+        d.set_mem_info_supported(true);
+        assert!(d.mem_info().is_ok());
+    }
+
+    #[test]
+    fn segment_containing_finds_the_enclosing_segment() {
+        let mut d = SimDevice::new(100 * MIB);
+        let a = d.malloc(3 * MIB).unwrap();
+        let b = d.malloc(MIB).unwrap();
+        assert_eq!(d.segment_containing(a), Some((a, 3 * MIB)));
+        assert_eq!(d.segment_containing(a + 3 * MIB - 1), Some((a, 3 * MIB)));
+        assert_eq!(d.segment_containing(a + 3 * MIB), None, "the gap before b");
+        assert_eq!(d.segment_containing(b + 512), Some((b, MIB)));
+        assert_eq!(d.segment_containing(0), None);
+        d.free(a, 3 * MIB).unwrap();
+        assert_eq!(d.segment_containing(a), None);
+    }
+
+    #[test]
+    fn free_checks_address_and_size() {
+        let mut d = SimDevice::new(100 * MIB);
+        let a = d.malloc(4 * MIB).unwrap();
+        assert_eq!(
+            d.free(a + 512, 4 * MIB),
+            Err(SimError::UnknownSegment { addr: a + 512 })
+        );
+        assert_eq!(d.free(0, 0), Err(SimError::UnknownSegment { addr: 0 }));
+        assert_eq!(
+            d.free(a, 2 * MIB),
+            Err(SimError::SizeMismatch {
+                addr: a,
+                expected: 4 * MIB,
+                got: 2 * MIB
+            })
+        );
+        assert_eq!(
+            d.outstanding_bytes(),
+            4 * MIB,
+            "failed frees change nothing"
+        );
+        assert_eq!(d.segment_size(a), Some(4 * MIB));
+        assert_eq!(d.free(a, 4 * MIB), Ok(()));
+        assert_eq!(
+            d.free(a, 4 * MIB),
+            Err(SimError::UnknownSegment { addr: a }),
+            "double free"
+        );
+        assert_eq!(d.free_calls(), 5);
+        assert_eq!(d.frees(), 1);
+        assert_eq!(d.outstanding_bytes(), 0);
+        assert_eq!(d.outstanding_segments(), 0);
+        assert_eq!(d.segment_size(a), None);
+    }
+
+    #[test]
+    fn peak_and_segments() {
+        let mut d = SimDevice::new(100 * MIB);
+        let a = d.malloc(10 * MIB).unwrap();
+        let b = d.malloc(20 * MIB).unwrap();
+        assert_eq!(
+            d.segments().collect::<Vec<_>>(),
+            [(a, 10 * MIB), (b, 20 * MIB)]
+        );
+        d.free(b, 20 * MIB).unwrap();
+        assert_eq!(d.peak_outstanding_bytes(), 30 * MIB);
+        d.reset_peak();
+        assert_eq!(d.peak_outstanding_bytes(), 10 * MIB);
+        d.malloc(5 * MIB).unwrap();
+        assert_eq!(d.peak_outstanding_bytes(), 15 * MIB);
+    }
+
+    #[test]
+    fn events_complete_per_stream_under_test_control() {
+        let mut d = SimDevice::new(MIB);
+        let e0 = d.record_event(S0).unwrap();
+        let e1 = d.record_event(S1).unwrap();
+        assert_eq!((e0.id(), e0.stream()), (0, S0));
+        assert_eq!((e1.id(), e1.stream()), (1, S1));
+        assert_eq!(d.event_done(&e0), Ok(false));
+        assert_eq!(d.event_done(&e1), Ok(false));
+        assert_eq!(d.pending_events(S1), 1);
+        d.complete_stream(S1);
+        assert_eq!(d.event_done(&e0), Ok(false), "other streams are untouched");
+        assert_eq!(d.event_done(&e1), Ok(true));
+        let e1b = d.record_event(S1).unwrap();
+        assert_eq!(
+            d.event_done(&e1b),
+            Ok(false),
+            "events after the completion stay pending"
+        );
+        assert_eq!(d.event_done(&e1), Ok(true));
+        d.complete_stream(SimStream(7)); // a stream with no events: nothing happens
+        d.complete_all();
+        assert_eq!(d.event_done(&e0), Ok(true));
+        assert_eq!(d.event_done(&e1b), Ok(true));
+        assert_eq!(d.pending_events(S1), 0);
+        assert_eq!(d.events_recorded(), 3);
+        assert_eq!(d.outstanding_events(), 3);
+        for e in [e0, e1, e1b] {
+            d.release_event(e);
+        }
+        assert_eq!(d.outstanding_events(), 0);
+        assert_eq!(d.events_released(), 3);
+        assert_eq!(d.event_done_calls(), 8);
+    }
+
+    #[test]
+    fn synchronize_completes_everything_and_counts() {
+        let mut d = SimDevice::new(MIB);
+        let a = d.record_event(S0).unwrap();
+        let b = d.record_event(SimStream(42)).unwrap();
+        d.synchronize().unwrap();
+        assert_eq!(d.event_done(&a), Ok(true));
+        assert_eq!(d.event_done(&b), Ok(true));
+        let c = d.record_event(S0).unwrap();
+        assert_eq!(d.event_done(&c), Ok(false));
+        d.synchronize().unwrap();
+        assert_eq!(d.event_done(&c), Ok(true));
+        assert_eq!(d.synchronize_calls(), 2);
+    }
+
+    #[test]
+    fn foreign_event_is_an_error() {
+        let mut other = SimDevice::new(MIB);
+        other.record_event(S0).unwrap();
+        let foreign = other.record_event(S0).unwrap();
+        let mut d = SimDevice::new(MIB);
+        assert_eq!(
+            d.event_done(&foreign),
+            Err(SimError::UnknownEvent { id: 1 })
+        );
+        d.release_event(foreign);
+        assert_eq!(d.outstanding_events(), 0, "saturates");
+    }
+
+    #[test]
+    fn error_messages() {
+        let msgs = [
+            SimError::UnknownSegment { addr: 0x10 }.to_string(),
+            SimError::SizeMismatch {
+                addr: 0x10,
+                expected: 4,
+                got: 2,
+            }
+            .to_string(),
+            SimError::ZeroSize.to_string(),
+            SimError::UnknownEvent { id: 3 }.to_string(),
+            DeviceError::Other(SimError::ZeroSize).to_string(),
+        ];
+        assert_eq!(
+            msgs,
+            [
+                "free of 0x10, which is not a live segment",
+                "free of segment 0x10 with size 2, but it was allocated with 4",
+                "malloc of 0 bytes",
+                "event 3 was not recorded on this device",
+                "device error: malloc of 0 bytes",
+            ]
+        );
+    }
+
+    #[test]
+    fn default_is_64_gib() {
+        let d = SimDevice::default();
+        assert_eq!(d.capacity(), 64 << 30);
+        assert_eq!(d.device_overhead(), 0);
+    }
+}

@@ -1,0 +1,1591 @@
+//! The one executor: runs [`Op`]s through `alloc-core`'s [`Allocator`] on the simulated device
+//! behind a fault injector, exactly as a runtime drives it. The replayer, `replay --check`, the
+//! stress engine, the property tests and the fuzz targets all run operations through it.
+//!
+//! Without checks it is the replayer's fast path: each operation is one allocator call and the
+//! bookkeeping of its id. With checks ([`Executor::checked`]) every operation's result is judged
+//! against its contract and every invariant is checked after it:
+//!
+//! - everything [`check_allocations`] checks: blocks tile their segments, every stat equals a
+//!   recount from the block table, peaks are at least the current values, reserved equals the
+//!   device's outstanding bytes and segments, allocated ≤ active ≤ reserved, and every address the
+//!   caller holds is an allocated block of its own;
+//! - that every returned address is 512-aligned, lies inside a live device segment and overlaps no
+//!   other live allocation;
+//! - that the result is what the API promises: a zero-size request gives the null address and a
+//!   request of 1 EiB or more is refused, both changing nothing; an out-of-memory error is
+//!   legitimate (the device or the fraction limit really had no room, unless a fault was
+//!   injected) and counted in `num_ooms`; a device error appears only when a fault fired, and
+//!   then allocates and frees nothing; misuse (double free, foreign or interior pointer,
+//!   `record_stream` of a freed block) is a typed error that changes no stat and makes no device
+//!   call; the `num_device_*` and `num_ooms` counters match the device and the executor's counts;
+//! - after a `drain` (free everything and `empty_cache`, faults cleared first), that the device
+//!   has no bytes, segments or events outstanding.
+
+use core::fmt;
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::Once;
+
+use alloc_conf::AllocConf;
+use alloc_core::size::MAX_REQUEST;
+use alloc_core::{
+    AllocError, Allocator, BlockState, DeviceFacts, DeviceStats, FractionError, FreeError,
+    STAT_ARRAY_NAMES,
+};
+use alloc_sim::{
+    DeviceCall, Fault, FaultError, Inconsistency, SimDevice, SimError, SimStream, TestDevice,
+    check_allocations,
+};
+
+use crate::op::{IdRef, Misuse, Op, OpKind, Trace};
+
+/// The simulated device's error as the executor sees it (behind the fault injector).
+pub type DeviceErr = FaultError<SimError>;
+
+/// The pad torch_npu adds on today's Ascend parts, the default of a trace without `pad`.
+pub const DEFAULT_PAD: u64 = 32;
+
+/// Everything that shapes a run besides the operations: the trace's directives, overridden by
+/// the command line where given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setup {
+    /// The allocator configuration.
+    pub conf: AllocConf,
+    /// Total memory of the simulated device.
+    pub capacity: u64,
+    /// Memory the device reports as used by others.
+    pub device_overhead: u64,
+    /// Bytes added to every request before rounding (32 for torch_npu, 0 for CUDA parity).
+    pub pad: u64,
+}
+
+impl Setup {
+    /// The trace's directives with `capacity` / `pad` overrides applied.
+    pub fn from_trace(
+        trace: &Trace,
+        conf: AllocConf,
+        capacity: Option<u64>,
+        pad: Option<u64>,
+    ) -> Setup {
+        Setup {
+            conf,
+            capacity: capacity
+                .or(trace.capacity)
+                .unwrap_or(alloc_sim::DEFAULT_CAPACITY),
+            device_overhead: trace.device_overhead.unwrap_or(0),
+            pad: pad.or(trace.pad).unwrap_or(DEFAULT_PAD),
+        }
+    }
+
+    /// A fresh allocator on a fresh simulated device for this setup.
+    pub fn allocator(&self) -> Allocator<TestDevice> {
+        let device = SimDevice::new(self.capacity).with_device_overhead(self.device_overhead);
+        let facts = DeviceFacts {
+            index: 0,
+            pad: self.pad,
+            total_memory: None,
+        };
+        Allocator::new(TestDevice::new(device), &self.conf, facts)
+    }
+}
+
+/// torch's stats at one point of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatsRecord {
+    /// The `stats` line's label, or `"end"`.
+    pub label: String,
+    /// The trace line the record was taken at.
+    pub line: usize,
+    /// Every stat of `memory_stats()`.
+    pub stats: DeviceStats,
+}
+
+/// What a run did, operation by operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OpCounts {
+    /// Operations executed (every line but comments and directives).
+    pub ops: u64,
+    /// `alloc` operations.
+    pub allocs: u64,
+    /// `free` operations, and the frees of a `drain`.
+    pub frees: u64,
+    /// `record` operations that reached the allocator.
+    pub records: u64,
+    /// `empty_cache` calls (a `drain`'s included).
+    pub empty_caches: u64,
+    /// Allocations that failed with out-of-memory (each counts in `num_ooms`).
+    pub ooms: u64,
+    /// Allocations of 1 EiB or more, refused before the allocator runs.
+    pub refused: u64,
+    /// `free` / `record` / misuse operations of ids whose allocation had failed.
+    pub skipped: u64,
+    /// Misuse operations, each refused with a typed error.
+    pub misuses: u64,
+    /// `drain` operations.
+    pub drains: u64,
+    /// `fault` operations that scheduled a fault.
+    pub faults_scheduled: u64,
+    /// Scheduled faults that fired (counted with checks only).
+    pub faults_fired: u64,
+    /// Operations that returned a device error because an injected fault fired.
+    pub device_errors: u64,
+    /// Operations that succeeded although a fault fired in them: a documented fallback, or an
+    /// injected out-of-memory the retry chain absorbed (counted with checks only).
+    pub absorbed_faults: u64,
+}
+
+/// Where one trace id stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    /// Never allocated.
+    Never,
+    /// Allocated at `addr` (0 for a zero-size allocation) by the `alloc` at `line`.
+    Live { addr: u64, requested: u64, line: usize },
+    /// Its allocation failed; a later `free` / `record` is skipped until it is allocated again.
+    Failed,
+    /// Freed by the operation at `line`; `addr` is where it lived.
+    Freed { addr: u64, line: usize },
+}
+
+/// An operation that names an id in a state that does not allow it: the script is malformed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdError {
+    /// An `alloc` of an id that is still live.
+    AllocLive {
+        /// The id.
+        id: String,
+        /// The line of the `alloc` that made it live.
+        allocated_at: usize,
+    },
+    /// An operation on a live allocation (`free`, `record`, `free_interior`) of an id that is not
+    /// live.
+    NotLive {
+        /// The operation's keyword.
+        op: &'static str,
+        /// The id.
+        id: String,
+        /// The line of the `free` that freed it, or `None` if it was never allocated.
+        freed_at: Option<usize>,
+    },
+    /// A `double_free` / `record_freed` of an id that is not freed.
+    NotFreed {
+        /// The operation's keyword.
+        op: &'static str,
+        /// The id.
+        id: String,
+        /// The line of the `alloc` that made it live, or `None` if it was never allocated.
+        allocated_at: Option<usize>,
+    },
+}
+
+impl fmt::Display for IdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdError::AllocLive { id, allocated_at } => write!(
+                f,
+                "alloc of `{id}`, which is still live (allocated at line {allocated_at})"
+            ),
+            IdError::NotLive { op, id, freed_at } => match freed_at {
+                None => write!(f, "{op} of `{id}`, which was never allocated"),
+                Some(line) => write!(f, "{op} of `{id}`, which was already freed at line {line}"),
+            },
+            IdError::NotFreed {
+                op,
+                id,
+                allocated_at,
+            } => match allocated_at {
+                None => write!(f, "{op} of `{id}`, which was never allocated"),
+                Some(line) => write!(
+                    f,
+                    "{op} of `{id}`, which is still live (allocated at line {line})"
+                ),
+            },
+        }
+    }
+}
+
+impl std::error::Error for IdError {}
+
+/// Which check an operation broke, besides the invariants of [`Inconsistency`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Rule {
+    /// A call returned a result its contract does not allow.
+    UnexpectedResult,
+    /// A returned address is 0 or not a multiple of 512.
+    BadAddress,
+    /// A returned address range overlaps a live allocation.
+    Overlap,
+    /// A returned address range is not inside one live device segment.
+    OutsideSegment,
+    /// Out-of-memory although the device and the fraction limit had room and no fault fired.
+    SpuriousOutOfMemory,
+    /// An operation that must change no stat changed one.
+    StatsChanged,
+    /// An operation that must not call the device did.
+    DeviceCalled,
+    /// A counter (`num_ooms`, `num_device_alloc`, `num_device_free`, `allocation`, allocated,
+    /// freed) disagrees with what the executor counted.
+    Counter,
+    /// `empty_cache` left a whole free segment or a pending event behind.
+    CacheNotEmptied,
+    /// `set_per_process_memory_fraction` set a different limit.
+    Fraction,
+    /// After freeing everything and `empty_cache`, the device still has something outstanding.
+    Leak,
+    /// The rule the test-only sabotage switch breaks on purpose ([`Checks::sabotage`]).
+    Sabotaged,
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Rule::UnexpectedResult => "unexpected result",
+            Rule::BadAddress => "bad address",
+            Rule::Overlap => "overlapping allocations",
+            Rule::OutsideSegment => "allocation outside a device segment",
+            Rule::SpuriousOutOfMemory => "spurious out-of-memory",
+            Rule::StatsChanged => "stats changed",
+            Rule::DeviceCalled => "device called",
+            Rule::Counter => "counter mismatch",
+            Rule::CacheNotEmptied => "empty_cache left cached memory",
+            Rule::Fraction => "wrong memory limit",
+            Rule::Leak => "leak",
+            Rule::Sabotaged => "sabotaged check (test-only switch)",
+        })
+    }
+}
+
+/// Why a checked operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckError {
+    /// An allocator invariant is broken.
+    Inconsistent(Inconsistency),
+    /// An operation broke a rule of its contract.
+    Broken {
+        /// Which rule.
+        rule: Rule,
+        /// The numbers.
+        detail: String,
+    },
+    /// The allocator (or the simulated device) panicked.
+    Panic(String),
+}
+
+impl CheckError {
+    /// Whether `other` is the same kind of failure (same variant, rule or invariant), which is
+    /// what shrinking preserves.
+    pub fn same_kind(&self, other: &CheckError) -> bool {
+        match (self, other) {
+            (CheckError::Inconsistent(a), CheckError::Inconsistent(b)) => {
+                core::mem::discriminant(a) == core::mem::discriminant(b)
+            }
+            (CheckError::Broken { rule: a, .. }, CheckError::Broken { rule: b, .. }) => a == b,
+            (CheckError::Panic(_), CheckError::Panic(_)) => true,
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for CheckError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CheckError::Inconsistent(e) => write!(f, "inconsistent: {e}"),
+            CheckError::Broken { rule, detail } => write!(f, "{rule}: {detail}"),
+            CheckError::Panic(msg) => write!(f, "panic: {msg}"),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// What stopped a run at one operation.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ExecError {
+    /// The operation names an id in a state that does not allow it.
+    Id(IdError),
+    /// A device error no injected fault explains.
+    Device(DeviceErr),
+    /// A `free` or `record` of a live allocation refused.
+    Free(FreeError<DeviceErr>),
+    /// A `fraction` the allocator refused.
+    Fraction(FractionError),
+    /// A misuse the allocator accepted.
+    MisuseAccepted {
+        /// The misuse.
+        misuse: Misuse,
+        /// The address it used.
+        addr: u64,
+    },
+    /// With checks: the operation broke a rule or an invariant.
+    Check(CheckError),
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExecError::Id(e) => e.fmt(f),
+            ExecError::Device(e) => write!(f, "device error: {e}"),
+            ExecError::Free(e) => e.fmt(f),
+            ExecError::Fraction(e) => e.fmt(f),
+            ExecError::MisuseAccepted { misuse, addr } => write!(
+                f,
+                "{} at {addr:#x} was accepted; it must be refused",
+                misuse.keyword()
+            ),
+            ExecError::Check(e) => write!(f, "check failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+impl From<CheckError> for ExecError {
+    fn from(e: CheckError) -> Self {
+        ExecError::Check(e)
+    }
+}
+
+/// A failed run: the index of the failing operation in the trace's `ops`, its line, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure {
+    /// The trace's file name.
+    pub file: String,
+    /// Index of the failing operation.
+    pub index: usize,
+    /// Its line (0 when it was not read from a file).
+    pub line: usize,
+    /// What went wrong.
+    pub error: ExecError,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}: {}", self.file, self.line, self.error)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// What the checks know beyond the allocator: the caller's view and the executor's counts.
+#[derive(Debug, Default)]
+pub struct Checks {
+    /// Live non-null allocations by address: the requested size.
+    by_addr: BTreeMap<u64, u64>,
+    /// The stats right after the last accumulated reset, and the device counters then.
+    base: DeviceStats,
+    base_mallocs: u64,
+    base_frees: u64,
+    ooms_since_reset: u64,
+    /// Faults scheduled and not fired yet.
+    faults: Vec<Scheduled>,
+    /// Test-only: break [`Rule::Sabotaged`] at the first successful `free` after a fault fired
+    /// and a misuse was refused, to prove that a failure reproduces from its printed trace.
+    sabotage: bool,
+    fired_any: bool,
+    misused: bool,
+}
+
+impl Checks {
+    /// The checks with the test-only sabotage switch set: the first successful `free` after
+    /// both an injected fault fired and a misuse was refused fails with [`Rule::Sabotaged`].
+    pub fn sabotaged() -> Checks {
+        Checks {
+            sabotage: true,
+            ..Checks::default()
+        }
+    }
+}
+
+/// A fault scheduled on the device, as the checks model it: it fires on call number `at` of
+/// `call` (the device's own plan is checked against this model after every operation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scheduled {
+    call: DeviceCall,
+    at: u64,
+    fault: Fault,
+}
+
+impl Scheduled {
+    /// The error an operation returns when this fault surfaces.
+    fn error(&self) -> DeviceErr {
+        FaultError::Injected {
+            call: self.call,
+            code: self.fault.code(),
+        }
+    }
+
+    /// Whether the fault aborts the call's operation (every fault but an out-of-memory of
+    /// `malloc`, which enters the retry chain, and a failed `mem_info`, which only loses numbers).
+    fn aborts(&self) -> bool {
+        !matches!(
+            (self.call, self.fault),
+            (DeviceCall::Malloc, Fault::OutOfMemory) | (DeviceCall::MemInfo, _)
+        )
+    }
+}
+
+/// The one device error an operation must return given the faults that fired in it, or `None`
+/// when it must succeed (or run out of memory). More than one aborting fault cannot fire in one
+/// operation, since the first one ends it.
+fn surfacing(fired: &[Scheduled], what: &str) -> Result<Option<DeviceErr>, CheckError> {
+    let mut aborting = fired.iter().filter(|f| f.aborts());
+    match (aborting.next(), aborting.next()) {
+        (None, _) => Ok(None),
+        (Some(f), None) => Ok(Some(f.error())),
+        (Some(_), Some(_)) => Err(broken(
+            Rule::UnexpectedResult,
+            format!("{what}: the device failed again after a failure: {fired:?}"),
+        )),
+    }
+}
+
+fn broken(rule: Rule, detail: String) -> CheckError {
+    CheckError::Broken { rule, detail }
+}
+
+fn injected(e: &DeviceErr) -> bool {
+    matches!(e, FaultError::Injected { .. })
+}
+
+/// What an operation did, for the checks to judge.
+enum Outcome {
+    /// Nothing to judge beyond the invariants (or the operation was skipped).
+    Done,
+    Alloc {
+        id: IdRef,
+        size: u64,
+        stream: u64,
+        result: Result<u64, AllocError<DeviceErr>>,
+    },
+    Free {
+        addr: u64,
+        result: Result<(), FreeError<DeviceErr>>,
+    },
+    Record {
+        result: Result<(), FreeError<DeviceErr>>,
+    },
+    Complete,
+    EmptyCache(Result<(), DeviceErr>),
+    Fraction(f64),
+    ResetPeak,
+    ResetAccumulated,
+    Fault {
+        scheduled: Option<Scheduled>,
+    },
+    Misuse {
+        misuse: Misuse,
+        addr: u64,
+        result: Result<(), FreeError<DeviceErr>>,
+    },
+    Drain(Result<(), ExecError>),
+}
+
+/// What a check compares an operation's result with: the state just before it.
+struct Before {
+    stats: DeviceStats,
+    calls: [u64; DeviceCall::ALL.len()],
+}
+
+/// Runs operations through the allocator on the simulated device, with or without checks.
+pub struct Executor {
+    alloc: Allocator<TestDevice>,
+    slots: Vec<Slot>,
+    names: Vec<Box<str>>,
+    counts: OpCounts,
+    records: Vec<StatsRecord>,
+    peak_requested: u64,
+    last_line: usize,
+    checks: Option<Box<Checks>>,
+}
+
+impl Executor {
+    /// An executor for `trace`'s ids with `setup`, without checks (the replayer).
+    pub fn new(trace: &Trace, setup: &Setup) -> Executor {
+        Executor {
+            alloc: setup.allocator(),
+            slots: vec![Slot::Never; trace.id_count()],
+            names: trace.ids.clone(),
+            counts: OpCounts::default(),
+            records: Vec::new(),
+            peak_requested: 0,
+            last_line: 0,
+            checks: None,
+        }
+    }
+
+    /// An executor that judges every operation and checks every invariant after it.
+    pub fn checked(trace: &Trace, setup: &Setup, checks: Checks) -> Executor {
+        let mut exec = Executor::new(trace, setup);
+        exec.checks = Some(Box::new(checks));
+        exec
+    }
+
+    /// Makes room for ids added to the trace after the executor was built (the stress engine
+    /// names a new id for each allocation it draws).
+    pub fn add_ids(&mut self, trace: &Trace) {
+        self.slots.resize(trace.id_count(), Slot::Never);
+        let known = self.names.len();
+        self.names.extend(trace.ids[known..].iter().cloned());
+    }
+
+    /// The allocator under test.
+    pub fn allocator(&self) -> &Allocator<TestDevice> {
+        &self.alloc
+    }
+
+    /// The operation counts so far.
+    pub fn counts(&self) -> &OpCounts {
+        &self.counts
+    }
+
+    /// Whether `id` is live now.
+    pub fn is_live(&self, id: IdRef) -> bool {
+        matches!(self.slots[id.index()], Slot::Live { .. })
+    }
+
+    /// Whether `id` was freed (and not allocated again since).
+    pub fn is_freed(&self, id: IdRef) -> bool {
+        matches!(self.slots[id.index()], Slot::Freed { .. })
+    }
+
+    fn name(&self, id: IdRef) -> String {
+        self.names
+            .get(id.index())
+            .map_or_else(|| "?".to_owned(), |s| s.to_string())
+    }
+
+    fn not_live(&self, op: &'static str, id: IdRef) -> ExecError {
+        let freed_at = match self.slots[id.index()] {
+            Slot::Freed { line, .. } => Some(line),
+            _ => None,
+        };
+        ExecError::Id(IdError::NotLive {
+            op,
+            id: self.name(id),
+            freed_at,
+        })
+    }
+
+    /// Executes one operation (and, with checks, judges it and checks every invariant).
+    pub fn step(&mut self, op: &Op) -> Result<(), ExecError> {
+        self.counts.ops += 1;
+        self.last_line = op.line;
+        let before = self.checks.is_some().then(|| Before {
+            stats: self.alloc.stats().clone(),
+            calls: self.calls(),
+        });
+        let outcome = self.execute(op)?;
+        match before {
+            None => self.judge(outcome),
+            Some(before) => self.verify(op, &before, outcome).map_err(ExecError::Check),
+        }
+    }
+
+    /// Runs the operation and keeps the ids' bookkeeping.
+    #[inline]
+    fn execute(&mut self, op: &Op) -> Result<Outcome, ExecError> {
+        Ok(match op.kind {
+            OpKind::Alloc { id, size, stream } => {
+                self.counts.allocs += 1;
+                if let Slot::Live { line, .. } = self.slots[id.index()] {
+                    return Err(ExecError::Id(IdError::AllocLive {
+                        id: self.name(id),
+                        allocated_at: line,
+                    }));
+                }
+                let result = self.alloc.malloc(size, SimStream(stream));
+                self.slots[id.index()] = match result {
+                    Ok(addr) => {
+                        let requested = self.alloc.stats().requested_bytes.all.current as u64;
+                        self.peak_requested = self.peak_requested.max(requested);
+                        Slot::Live {
+                            addr,
+                            requested: size,
+                            line: op.line,
+                        }
+                    }
+                    Err(_) => Slot::Failed,
+                };
+                Outcome::Alloc {
+                    id,
+                    size,
+                    stream,
+                    result,
+                }
+            }
+            OpKind::Free { id } => {
+                self.counts.frees += 1;
+                match self.slots[id.index()] {
+                    Slot::Live { addr, .. } => {
+                        let result = self.alloc.free(addr);
+                        if result.is_ok() {
+                            self.slots[id.index()] = Slot::Freed {
+                                addr,
+                                line: op.line,
+                            };
+                        }
+                        Outcome::Free { addr, result }
+                    }
+                    Slot::Failed => {
+                        self.counts.skipped += 1;
+                        Outcome::Done
+                    }
+                    _ => return Err(self.not_live("free", id)),
+                }
+            }
+            OpKind::Record { id, stream } => match self.slots[id.index()] {
+                Slot::Live { addr, .. } => {
+                    self.counts.records += 1;
+                    Outcome::Record {
+                        result: self.alloc.record_stream(addr, SimStream(stream)),
+                    }
+                }
+                Slot::Failed => {
+                    self.counts.skipped += 1;
+                    Outcome::Done
+                }
+                _ => return Err(self.not_live("record", id)),
+            },
+            OpKind::Complete { stream } => {
+                let device = self.alloc.device_mut();
+                match stream {
+                    Some(s) => device.complete_stream(SimStream(s)),
+                    None => device.complete_all(),
+                }
+                Outcome::Complete
+            }
+            OpKind::EmptyCache => {
+                self.counts.empty_caches += 1;
+                Outcome::EmptyCache(self.alloc.empty_cache())
+            }
+            OpKind::Fraction(f) => {
+                self.alloc
+                    .set_memory_fraction(f)
+                    .map_err(ExecError::Fraction)?;
+                Outcome::Fraction(f)
+            }
+            OpKind::ResetPeak => {
+                self.alloc.reset_peak_stats();
+                Outcome::ResetPeak
+            }
+            OpKind::ResetAccumulated => {
+                self.alloc.reset_accumulated_stats();
+                Outcome::ResetAccumulated
+            }
+            OpKind::Stats { ref label } => {
+                self.records.push(StatsRecord {
+                    label: label.clone().unwrap_or_else(|| format!("line {}", op.line)),
+                    line: op.line,
+                    stats: self.alloc.stats().clone(),
+                });
+                Outcome::Done
+            }
+            OpKind::Fault { call, nth, fault } => {
+                let device = self.alloc.device_mut();
+                let (pending, at) = (device.pending_faults(), device.calls(call) + nth.max(1));
+                device.fail_nth(call, nth, fault);
+                let scheduled = (device.pending_faults() > pending).then_some(Scheduled {
+                    call,
+                    at,
+                    fault,
+                });
+                if scheduled.is_some() {
+                    self.counts.faults_scheduled += 1;
+                }
+                Outcome::Fault { scheduled }
+            }
+            OpKind::Misuse(misuse) => self.misuse(misuse)?,
+            OpKind::Drain => Outcome::Drain(self.drain()),
+        })
+    }
+
+    /// Runs a misuse: the call the API must refuse.
+    fn misuse(&mut self, misuse: Misuse) -> Result<Outcome, ExecError> {
+        let target = match misuse {
+            Misuse::DoubleFree { id } | Misuse::RecordFreed { id, .. } => {
+                match self.slots[id.index()] {
+                    Slot::Freed { addr, .. } => Some(addr),
+                    Slot::Failed => None,
+                    Slot::Live { line, .. } => {
+                        return Err(ExecError::Id(IdError::NotFreed {
+                            op: misuse.keyword(),
+                            id: self.name(id),
+                            allocated_at: Some(line),
+                        }));
+                    }
+                    Slot::Never => {
+                        return Err(ExecError::Id(IdError::NotFreed {
+                            op: misuse.keyword(),
+                            id: self.name(id),
+                            allocated_at: None,
+                        }));
+                    }
+                }
+            }
+            Misuse::InteriorPointer { id } => match self.slots[id.index()] {
+                Slot::Live { addr, .. } => Some(addr + 1).filter(|_| addr != 0),
+                Slot::Failed => None,
+                _ => return Err(self.not_live(misuse.keyword(), id)),
+            },
+            Misuse::ForeignPointer { addr } => Some(addr),
+        };
+        // A freed address handed out again (or a null allocation's) is not a misuse to try.
+        let Some(addr) = target.filter(|&a| a != 0 && !self.is_live_address(a)) else {
+            self.counts.skipped += 1;
+            return Ok(Outcome::Done);
+        };
+        self.counts.misuses += 1;
+        let result = match misuse {
+            Misuse::RecordFreed { stream, .. } => self.alloc.record_stream(addr, SimStream(stream)),
+            _ => self.alloc.free(addr),
+        };
+        Ok(Outcome::Misuse {
+            misuse,
+            addr,
+            result,
+        })
+    }
+
+    /// Whether a live allocation starts at `addr`.
+    fn is_live_address(&self, addr: u64) -> bool {
+        match &self.checks {
+            Some(c) => c.by_addr.contains_key(&addr),
+            None => self
+                .slots
+                .iter()
+                .any(|s| matches!(*s, Slot::Live { addr: a, .. } if a == addr)),
+        }
+    }
+
+    /// Clears the faults, frees every live allocation, `empty_cache`.
+    fn drain(&mut self) -> Result<(), ExecError> {
+        self.counts.drains += 1;
+        self.alloc.device_mut().clear_all_faults();
+        if let Some(c) = &mut self.checks {
+            c.faults.clear();
+        }
+        for i in 0..self.slots.len() {
+            if let Slot::Live { addr, .. } = self.slots[i] {
+                self.counts.frees += 1;
+                self.alloc.free(addr).map_err(ExecError::Free)?;
+                self.slots[i] = Slot::Freed {
+                    addr,
+                    line: self.last_line,
+                };
+                if let Some(c) = &mut self.checks {
+                    c.by_addr.remove(&addr);
+                }
+            }
+        }
+        self.counts.empty_caches += 1;
+        self.alloc.empty_cache().map_err(ExecError::Device)
+    }
+
+    /// Without checks: what the replayer counts, and what stops it.
+    #[inline]
+    fn judge(&mut self, outcome: Outcome) -> Result<(), ExecError> {
+        match outcome {
+            Outcome::Alloc { result, .. } => match result {
+                Ok(_) => {}
+                Err(AllocError::OutOfMemory(_)) => self.counts.ooms += 1,
+                Err(AllocError::TooLarge { .. }) => self.counts.refused += 1,
+                Err(AllocError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+                Err(AllocError::Device(e)) => return Err(ExecError::Device(e)),
+            },
+            Outcome::Free { result, .. } | Outcome::Record { result } => match result {
+                Ok(()) => {}
+                Err(FreeError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+                Err(e) => return Err(ExecError::Free(e)),
+            },
+            Outcome::EmptyCache(result) => match result {
+                Ok(()) => {}
+                Err(e) if injected(&e) => self.counts.device_errors += 1,
+                Err(e) => return Err(ExecError::Device(e)),
+            },
+            Outcome::Misuse {
+                misuse,
+                addr,
+                result,
+            } => match result {
+                Ok(()) => return Err(ExecError::MisuseAccepted { misuse, addr }),
+                Err(FreeError::Device(e)) => return Err(ExecError::Device(e)),
+                Err(_) => {}
+            },
+            Outcome::Drain(result) => result?,
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn calls(&self) -> [u64; DeviceCall::ALL.len()] {
+        let device = self.alloc.device();
+        DeviceCall::ALL.map(|c| device.calls(c))
+    }
+
+    fn checks(&mut self) -> &mut Checks {
+        self.checks.as_mut().expect("only called with checks")
+    }
+
+    /// With checks: judges the outcome against the state before the operation, then every
+    /// invariant.
+    fn verify(&mut self, op: &Op, before: &Before, outcome: Outcome) -> Result<(), CheckError> {
+        match outcome {
+            Outcome::Done | Outcome::Fault { scheduled: None } => {}
+            Outcome::Alloc {
+                id,
+                size,
+                stream,
+                result,
+            } => self.verify_malloc(id, size, stream, result, before)?,
+            Outcome::Free { addr, result } => self.verify_free(addr, result, before)?,
+            Outcome::Record { result } => {
+                result.map_err(|e| broken(Rule::UnexpectedResult, format!("record_stream: {e}")))?;
+                self.stats_are(&before.stats, "record_stream")?;
+                self.no_device_calls(before.calls, "record_stream")?;
+            }
+            Outcome::Complete => self.stats_are(&before.stats, "complete")?,
+            Outcome::EmptyCache(result) => {
+                let fired = self.take_fired();
+                match (result, surfacing(&fired, "empty_cache")?) {
+                    (Ok(()), None) => self.check_emptied(&before.stats)?,
+                    (Err(got), Some(want)) if got == want => self.counts.device_errors += 1,
+                    (result, want) => {
+                        return Err(broken(
+                            Rule::UnexpectedResult,
+                            format!("empty_cache returned {result:?}, expected error {want:?}"),
+                        ));
+                    }
+                }
+            }
+            Outcome::Fraction(f) => {
+                let capacity = self.alloc.device().capacity();
+                let expected = (f < 1.0).then_some((f * capacity as f64) as u64);
+                if self.alloc.allowed_memory() != expected {
+                    return Err(broken(
+                        Rule::Fraction,
+                        format!(
+                            "fraction {f}: limit {:?}, expected {expected:?}",
+                            self.alloc.allowed_memory()
+                        ),
+                    ));
+                }
+                self.stats_are(&before.stats, "set_memory_fraction")?;
+            }
+            Outcome::ResetPeak => {
+                let mut expected = before.stats.clone();
+                expected.reset_peak();
+                self.stats_are(&expected, "reset_peak")?;
+            }
+            Outcome::ResetAccumulated => {
+                let mut expected = before.stats.clone();
+                expected.reset_accumulated();
+                self.stats_are(&expected, "reset_accumulated")?;
+                let (mallocs, frees) = {
+                    let d = self.alloc.device();
+                    (d.successful_mallocs(), d.frees())
+                };
+                let c = self.checks();
+                c.base = expected;
+                c.base_mallocs = mallocs;
+                c.base_frees = frees;
+                c.ooms_since_reset = 0;
+            }
+            Outcome::Fault {
+                scheduled: Some(s),
+            } => self.checks().faults.push(s),
+            Outcome::Misuse {
+                misuse,
+                addr,
+                result,
+            } => self.verify_misuse(misuse, addr, result, before)?,
+            Outcome::Drain(result) => {
+                result.map_err(|e| broken(Rule::UnexpectedResult, format!("drain: {e}")))?;
+                self.check_drained()?;
+            }
+        }
+        // Operations that make no fallible device call must not have fired a fault.
+        let stray = self.take_fired();
+        if !stray.is_empty() {
+            return Err(broken(
+                Rule::UnexpectedResult,
+                format!("{:?} fired faults {stray:?}", op.kind),
+            ));
+        }
+        let pending = self.alloc.device().pending_faults();
+        if pending != self.checks().faults.len() {
+            return Err(broken(
+                Rule::Counter,
+                format!(
+                    "the device has {pending} faults pending, the checks {:?}",
+                    self.checks().faults
+                ),
+            ));
+        }
+        self.check_invariants()
+    }
+
+    /// The scheduled faults whose call has come, in call order; they are no longer pending.
+    fn take_fired(&mut self) -> Vec<Scheduled> {
+        let calls = self.calls();
+        let index = |c: DeviceCall| DeviceCall::ALL.iter().position(|&x| x == c).unwrap();
+        let c = self.checks();
+        let (fired, pending): (Vec<_>, Vec<_>) =
+            c.faults.iter().partition(|f| calls[index(f.call)] >= f.at);
+        c.faults = pending;
+        c.fired_any |= !fired.is_empty();
+        self.counts.faults_fired += fired.len() as u64;
+        fired
+    }
+
+    /// Fails unless the stats equal `expected`.
+    fn stats_are(&self, expected: &DeviceStats, what: &str) -> Result<(), CheckError> {
+        let now = self.alloc.stats();
+        if now == expected {
+            return Ok(());
+        }
+        let changed: Vec<String> = now
+            .flat()
+            .into_iter()
+            .zip(expected.flat())
+            .filter(|(a, b)| a.1 != b.1)
+            .map(|((key, got), (_, want))| format!("{key} {want} -> {got}"))
+            .collect();
+        Err(broken(
+            Rule::StatsChanged,
+            format!("{what}: {}", changed.join(", ")),
+        ))
+    }
+
+    fn no_device_calls(
+        &self,
+        before: [u64; DeviceCall::ALL.len()],
+        what: &str,
+    ) -> Result<(), CheckError> {
+        let now = self.calls();
+        match DeviceCall::ALL
+            .iter()
+            .zip(before.iter().zip(now))
+            .find(|(_, (b, n))| **b != *n)
+        {
+            None => Ok(()),
+            Some((call, _)) => Err(broken(Rule::DeviceCalled, format!("{what} called {call}"))),
+        }
+    }
+
+    fn allocation_count_is(&self, expected: i64, what: &str) -> Result<(), CheckError> {
+        let now = self.alloc.stats().allocation.all.current;
+        if now == expected {
+            Ok(())
+        } else {
+            Err(broken(
+                Rule::Counter,
+                format!("{what}: allocation.all.current is {now}, expected {expected}"),
+            ))
+        }
+    }
+
+    fn verify_malloc(
+        &mut self,
+        id: IdRef,
+        size: u64,
+        stream: u64,
+        result: Result<u64, AllocError<DeviceErr>>,
+        before: &Before,
+    ) -> Result<(), CheckError> {
+        let fired = self.take_fired();
+        let what = format!("malloc({size}, stream {stream})");
+        let count = before.stats.allocation.all.current;
+        let must_fail = surfacing(&fired, &what)?;
+        let fired_oom = fired
+            .iter()
+            .any(|f| f.call == DeviceCall::Malloc && !f.aborts());
+        let fired_mem_info = fired.iter().any(|f| f.call == DeviceCall::MemInfo);
+        match (&result, &must_fail) {
+            (Err(AllocError::Device(got)), Some(want)) if got == want => {}
+            (_, Some(want)) => {
+                return Err(broken(
+                    Rule::UnexpectedResult,
+                    format!("{what} returned {result:?} although a fault fired: {want}"),
+                ));
+            }
+            (Err(AllocError::OutOfMemory(_)), None) => {}
+            (_, None) if fired_mem_info => {
+                return Err(broken(
+                    Rule::UnexpectedResult,
+                    format!("{what} asked mem_info without running out of memory: {result:?}"),
+                ));
+            }
+            _ => {}
+        }
+        if !fired.is_empty() && must_fail.is_none() {
+            self.counts.absorbed_faults += 1;
+        }
+        match result {
+            Err(AllocError::TooLarge { size: s }) if size >= MAX_REQUEST && s == size => {
+                self.counts.refused += 1;
+                self.stats_are(&before.stats, &what)?;
+                self.no_device_calls(before.calls, &what)?;
+            }
+            Ok(0) if size == 0 => {
+                self.stats_are(&before.stats, &what)?;
+                self.no_device_calls(before.calls, &what)?;
+            }
+            Ok(addr) if size > 0 && size < MAX_REQUEST => {
+                self.check_new_range(addr, size, &what)?;
+                self.allocation_count_is(count + 1, &what)?;
+                self.checks().by_addr.insert(addr, size);
+            }
+            Err(AllocError::OutOfMemory(oom)) if size > 0 && size < MAX_REQUEST => {
+                self.counts.ooms += 1;
+                self.checks().ooms_since_reset += 1;
+                self.allocation_count_is(count, &what)?;
+                if oom.requested != size || oom.alloc_size < size {
+                    return Err(broken(
+                        Rule::UnexpectedResult,
+                        format!(
+                            "{what}: out-of-memory reports request {} and segment {}",
+                            oom.requested, oom.alloc_size
+                        ),
+                    ));
+                }
+                let capacity = self.alloc.device().capacity();
+                let reserved = self.alloc.device().outstanding_bytes();
+                let free = (!fired_mem_info).then_some(capacity - reserved);
+                if oom.free != free || oom.total != Some(capacity) {
+                    return Err(broken(
+                        Rule::UnexpectedResult,
+                        format!(
+                            "{what}: out-of-memory reports free {:?} of {:?}, expected {free:?} \
+                             of {capacity}",
+                            oom.free, oom.total,
+                        ),
+                    ));
+                }
+                if !fired_oom {
+                    // Legitimate only if the last device malloc really could not fit, or the
+                    // fraction limit refused it.
+                    let need = reserved.saturating_add(oom.alloc_size);
+                    let full = need > capacity;
+                    let limited = self.alloc.allowed_memory().is_some_and(|a| need > a);
+                    if !full && !limited {
+                        return Err(broken(
+                            Rule::SpuriousOutOfMemory,
+                            format!(
+                                "{what}: segment of {} bytes with {reserved} of {capacity} reserved, \
+                                 limit {:?}",
+                                oom.alloc_size,
+                                self.alloc.allowed_memory()
+                            ),
+                        ));
+                    }
+                }
+            }
+            Err(AllocError::Device(_)) if must_fail.is_some() => {
+                self.counts.device_errors += 1;
+                self.allocation_count_is(count, &what)?;
+                if self.alloc.stats().num_ooms != before.stats.num_ooms {
+                    return Err(broken(
+                        Rule::Counter,
+                        format!("{what}: a device error counted as out-of-memory"),
+                    ));
+                }
+            }
+            other => {
+                return Err(broken(
+                    Rule::UnexpectedResult,
+                    format!(
+                        "{what} returned {other:?} for `{}` (faults fired: {fired:?})",
+                        self.name(id)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A new allocation `[addr, addr + size)`: aligned, inside one device segment, overlapping
+    /// no live allocation.
+    fn check_new_range(&mut self, addr: u64, size: u64, what: &str) -> Result<(), CheckError> {
+        if addr == 0 || addr % 512 != 0 {
+            return Err(broken(
+                Rule::BadAddress,
+                format!("{what} returned {addr:#x}"),
+            ));
+        }
+        let end = addr + size;
+        let by_addr = &self.checks().by_addr;
+        if let Some((&a, &n)) = by_addr.range(..=addr).next_back() {
+            if a + n.max(1) > addr {
+                return Err(broken(
+                    Rule::Overlap,
+                    format!("{what} returned {addr:#x}, inside the live {a:#x} of {n} bytes"),
+                ));
+            }
+        }
+        if let Some((&a, &n)) = by_addr.range(addr..).next() {
+            if a < end {
+                return Err(broken(
+                    Rule::Overlap,
+                    format!("{what} returned {addr:#x}, overlapping the live {a:#x} of {n} bytes"),
+                ));
+            }
+        }
+        match self.alloc.device().segment_containing(addr) {
+            Some((start, bytes)) if end <= start + bytes => Ok(()),
+            seg => Err(broken(
+                Rule::OutsideSegment,
+                format!("{what} returned {addr:#x}..{end:#x}; device segment {seg:x?}"),
+            )),
+        }
+    }
+
+    fn verify_free(
+        &mut self,
+        addr: u64,
+        result: Result<(), FreeError<DeviceErr>>,
+        before: &Before,
+    ) -> Result<(), CheckError> {
+        let fired = self.take_fired();
+        let what = format!("free({addr:#x})");
+        // A failed event record falls back to a synchronization; only if that fails too does
+        // the free fail, with the record's error.
+        let record = fired.iter().find(|f| f.call == DeviceCall::RecordEvent);
+        let sync = fired.iter().any(|f| f.call == DeviceCall::Synchronize);
+        let expected = match (record, sync) {
+            (Some(r), true) if fired.len() == 2 => Err(FreeError::Device(r.error())),
+            (Some(_), false) if fired.len() == 1 => Ok(()),
+            (None, false) if fired.is_empty() => Ok(()),
+            _ => {
+                return Err(broken(
+                    Rule::UnexpectedResult,
+                    format!("{what} fired {fired:?}"),
+                ));
+            }
+        };
+        if result != expected {
+            return Err(broken(
+                Rule::UnexpectedResult,
+                format!("{what} returned {result:?}, expected {expected:?} (fired {fired:?})"),
+            ));
+        }
+        match result {
+            Ok(()) => {
+                if !fired.is_empty() {
+                    self.counts.absorbed_faults += 1;
+                }
+                if addr == 0 {
+                    self.stats_are(&before.stats, &what)?;
+                } else {
+                    self.allocation_count_is(before.stats.allocation.all.current - 1, &what)?;
+                }
+                self.checks().by_addr.remove(&addr);
+                let c = self.checks();
+                if c.sabotage && c.fired_any && c.misused {
+                    return Err(broken(
+                        Rule::Sabotaged,
+                        format!("{what} after a fault fired and a misuse was refused"),
+                    ));
+                }
+            }
+            // Recording the stream events failed and so did the synchronization fallback: the
+            // allocation stays the caller's, unchanged.
+            Err(_) => {
+                self.counts.device_errors += 1;
+                self.stats_are(&before.stats, &what)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a successful `empty_cache`: no pending event, no whole free segment.
+    fn check_emptied(&self, before: &DeviceStats) -> Result<(), CheckError> {
+        if self.alloc.pending_events() != 0 {
+            return Err(broken(
+                Rule::CacheNotEmptied,
+                format!("{} events still pending", self.alloc.pending_events()),
+            ));
+        }
+        let whole_free = self
+            .alloc
+            .snapshot()
+            .into_iter()
+            .find(|s| s.blocks.len() == 1 && s.blocks[0].state == BlockState::Inactive);
+        if let Some(seg) = whole_free {
+            return Err(broken(
+                Rule::CacheNotEmptied,
+                format!(
+                    "segment {:#x} of {} bytes is free and still cached",
+                    seg.address, seg.total_size
+                ),
+            ));
+        }
+        let syncs = self.alloc.stats().num_sync_all_streams;
+        if syncs != before.num_sync_all_streams + 1 {
+            return Err(broken(
+                Rule::Counter,
+                format!(
+                    "empty_cache: num_sync_all_streams {} -> {syncs}",
+                    before.num_sync_all_streams
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn verify_misuse(
+        &mut self,
+        misuse: Misuse,
+        addr: u64,
+        result: Result<(), FreeError<DeviceErr>>,
+        before: &Before,
+    ) -> Result<(), CheckError> {
+        let expected = if self.alloc.device().segment_containing(addr).is_some() {
+            FreeError::NotAllocated { addr }
+        } else {
+            FreeError::ForeignPointer { addr }
+        };
+        let what = format!("{} at {addr:#x}", misuse.keyword());
+        if result != Err(expected.clone()) {
+            return Err(broken(
+                Rule::UnexpectedResult,
+                format!("{what} returned {result:?}, expected Err({expected:?})"),
+            ));
+        }
+        self.checks().misused = true;
+        self.stats_are(&before.stats, &what)?;
+        self.no_device_calls(before.calls, &what)
+    }
+
+    /// After a drain: nothing left on the device or in the allocator.
+    fn check_drained(&self) -> Result<(), CheckError> {
+        let d = self.alloc.device();
+        let s = self.alloc.stats();
+        let left = [
+            ("device bytes", d.outstanding_bytes() as i64),
+            ("device segments", d.outstanding_segments() as i64),
+            ("device events", d.outstanding_events() as i64),
+            ("pending events", self.alloc.pending_events() as i64),
+            ("allocation", s.allocation.all.current),
+            ("active", s.active.all.current),
+            ("segment", s.segment.all.current),
+            ("requested_bytes", s.requested_bytes.all.current),
+        ];
+        match left.iter().find(|(_, n)| *n != 0) {
+            None => Ok(()),
+            Some((what, n)) => Err(broken(
+                Rule::Leak,
+                format!("after freeing everything and empty_cache, {what} is {n}"),
+            )),
+        }
+    }
+
+    /// Every invariant, the caller's view, and the counters the executor can recount.
+    fn check_invariants(&mut self) -> Result<(), CheckError> {
+        let c = self.checks.as_deref().expect("only called with checks");
+        check_allocations(
+            &self.alloc,
+            c.by_addr.iter().map(|(&addr, &requested)| (addr, requested)),
+        )
+        .map_err(CheckError::Inconsistent)?;
+        let s = self.alloc.stats();
+        let d = self.alloc.device();
+        for (name, got, want) in [
+            (
+                "num_device_alloc",
+                s.num_device_alloc,
+                d.successful_mallocs() - c.base_mallocs,
+            ),
+            (
+                "num_device_free",
+                s.num_device_free,
+                d.frees() - c.base_frees,
+            ),
+            ("num_ooms", s.num_ooms, c.ooms_since_reset),
+        ] {
+            if got != want {
+                return Err(broken(
+                    Rule::Counter,
+                    format!("{name} is {got}, the executor counted {want}"),
+                ));
+            }
+        }
+        // current = current at the last reset + allocated - freed, for every stat.
+        for name in STAT_ARRAY_NAMES {
+            let (now, base) = (s.array(name).unwrap(), c.base.array(name).unwrap());
+            for (pool, n, b) in [
+                ("all", now.all, base.all),
+                ("small_pool", now.small_pool, base.small_pool),
+                ("large_pool", now.large_pool, base.large_pool),
+            ] {
+                if n.current != b.current + n.allocated - n.freed {
+                    return Err(broken(
+                        Rule::Counter,
+                        format!(
+                            "{name}.{pool}: current {} but {} at the last reset + allocated {} - freed {}",
+                            n.current, b.current, n.allocated, n.freed
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The report of the run so far.
+    pub fn finish(self, setup: &Setup) -> Report {
+        let device = self.alloc.device();
+        Report {
+            end: StatsRecord {
+                label: "end".into(),
+                line: self.last_line,
+                stats: self.alloc.stats().clone(),
+            },
+            records: self.records,
+            counts: self.counts,
+            device_mallocs: device.successful_mallocs(),
+            device_frees: device.frees(),
+            device_peak_bytes: device.peak_outstanding_bytes(),
+            peak_requested_bytes: self.peak_requested,
+            notices: self.alloc.notices().to_vec(),
+            setup: setup.clone(),
+        }
+    }
+}
+
+/// The outcome of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// One record per `stats` line.
+    pub records: Vec<StatsRecord>,
+    /// The stats after the last operation.
+    pub end: StatsRecord,
+    /// Operation counts.
+    pub counts: OpCounts,
+    /// Device mallocs that succeeded.
+    pub device_mallocs: u64,
+    /// Device frees.
+    pub device_frees: u64,
+    /// The largest number of bytes the device had handed out at once, over the whole run
+    /// (peak reserved, unaffected by `reset_peak`).
+    pub device_peak_bytes: u64,
+    /// The largest `requested_bytes.all.current` over the whole run (unaffected by
+    /// `reset_peak`).
+    pub peak_requested_bytes: u64,
+    /// Things the allocator reported (e.g. unsupported expandable segments).
+    pub notices: Vec<alloc_core::Notice>,
+    /// The setup the run used.
+    pub setup: Setup,
+}
+
+/// Runs every operation of `trace` with `setup` (checked when `checks` is given) and returns the
+/// report, or the first failure. A panic inside the allocator or the device is caught and, with
+/// checks, reported as [`CheckError::Panic`].
+pub fn run(trace: &Trace, setup: &Setup, checks: Option<Checks>) -> Result<Report, Failure> {
+    let Some(checks) = checks else {
+        return run_ops(Executor::new(trace, setup), trace, setup, &mut 0);
+    };
+    let mut index = 0;
+    let exec = Executor::checked(trace, setup, checks);
+    catch_panics(|| run_ops(exec, trace, setup, &mut index)).unwrap_or_else(|msg| {
+        Err(Failure {
+            file: trace.file.clone(),
+            index,
+            line: trace.ops.get(index).map_or(0, |op| op.line),
+            error: ExecError::Check(CheckError::Panic(msg)),
+        })
+    })
+}
+
+/// Steps `exec` through `trace`'s operations, keeping the index of the current one in `index`
+/// (for a panic's report).
+fn run_ops(
+    mut exec: Executor,
+    trace: &Trace,
+    setup: &Setup,
+    index: &mut usize,
+) -> Result<Report, Failure> {
+    for (i, op) in trace.ops.iter().enumerate() {
+        *index = i;
+        exec.step(op).map_err(|error| Failure {
+            file: trace.file.clone(),
+            index: i,
+            line: op.line,
+            error,
+        })?;
+    }
+    Ok(exec.finish(setup))
+}
+
+thread_local! {
+    /// Whether a panic on this thread is caught by a checked run (and so not printed).
+    static CATCHING: Cell<bool> = const { Cell::new(false) };
+    /// The message and location of the last panic caught on this thread.
+    static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Runs `f`, turning a panic into its message; while it runs, panics on this thread are not
+/// printed (a shrink may panic thousands of times). Other threads' panics print as usual.
+pub(crate) fn catch_panics<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if CATCHING.with(Cell::get) {
+                LAST_PANIC.with(|p| *p.borrow_mut() = Some(info.to_string()));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+    let was = CATCHING.with(|c| c.replace(true));
+    let result = panic::catch_unwind(AssertUnwindSafe(f));
+    CATCHING.with(|c| c.set(was));
+    result.map_err(|_| {
+        LAST_PANIC
+            .with(|p| p.borrow_mut().take())
+            .unwrap_or_else(|| "panic without a message".into())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse_str;
+
+    /// The failure of replaying `text`, checking its line number.
+    fn err(text: &str, line: usize) -> ExecError {
+        let trace = parse_str("t.trace", text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        let f = run(&trace, &setup, None).expect_err(text);
+        assert_eq!(f.line, line, "{f}");
+        f.error
+    }
+
+    fn msg(text: &str) -> String {
+        let trace = parse_str("t.trace", text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        run(&trace, &setup, None).expect_err(text).to_string()
+    }
+
+    fn not_live(op: &'static str, id: &str, freed_at: Option<usize>) -> ExecError {
+        ExecError::Id(IdError::NotLive {
+            op,
+            id: id.into(),
+            freed_at,
+        })
+    }
+
+    #[test]
+    fn alloc_of_live_id() {
+        assert_eq!(
+            err("alloc a 1\nalloc b 1\nalloc a 2\n", 3),
+            ExecError::Id(IdError::AllocLive {
+                id: "a".into(),
+                allocated_at: 1
+            })
+        );
+        assert_eq!(
+            msg("alloc a 0\nalloc a 0"),
+            "t.trace:2: alloc of `a`, which is still live (allocated at line 1)"
+        );
+    }
+
+    #[test]
+    fn free_and_record_of_dead_ids() {
+        assert_eq!(err("free a\n", 1), not_live("free", "a", None));
+        assert_eq!(
+            err("alloc a 1\nfree a\nfree a\n", 3),
+            not_live("free", "a", Some(2))
+        );
+        assert_eq!(err("record a 1\n", 1), not_live("record", "a", None));
+        assert_eq!(
+            err("alloc a 1\nfree a\nrecord a 1\n", 3),
+            not_live("record", "a", Some(2))
+        );
+        assert_eq!(
+            msg("free ghost"),
+            "t.trace:1: free of `ghost`, which was never allocated"
+        );
+        assert_eq!(
+            msg("alloc a 1\nfree a\nrecord a 2"),
+            "t.trace:3: record of `a`, which was already freed at line 2"
+        );
+    }
+
+    #[test]
+    fn null_allocations_still_pair() {
+        let trace = parse_str("t.trace", "alloc z 0\nfree z\n").unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        assert_eq!(run(&trace, &setup, None).unwrap().counts.ops, 2);
+        assert_eq!(
+            err("alloc z 0\nfree z\nfree z\n", 3),
+            not_live("free", "z", Some(2))
+        );
+    }
+
+    #[test]
+    fn misuse_needs_a_freed_or_live_id() {
+        assert_eq!(
+            msg("alloc a 1\ndouble_free a"),
+            "t.trace:2: double_free of `a`, which is still live (allocated at line 1)"
+        );
+        assert_eq!(
+            msg("record_freed b 1"),
+            "t.trace:1: record_freed of `b`, which was never allocated"
+        );
+        assert_eq!(
+            msg("alloc a 1\nfree a\nfree_interior a"),
+            "t.trace:3: free_interior of `a`, which was already freed at line 2"
+        );
+    }
+
+    #[test]
+    fn misuse_is_refused_and_counted() {
+        let text = "pad 0\nalloc a 4K\nalloc b 4K\nfree_interior a\nfree a\ndouble_free a\n\
+                    record_freed a 1\nfree_foreign 0x10\nfree b\ndrain\n";
+        let trace = parse_str("t.trace", text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        for checks in [None, Some(Checks::default())] {
+            let r = run(&trace, &setup, checks).unwrap();
+            assert_eq!(r.counts.misuses, 4);
+            assert_eq!(r.end.stats.allocation.all.current, 0);
+        }
+    }
+
+    #[test]
+    fn injected_faults_are_counted_not_fatal() {
+        // The first device malloc fails with an injected error: the allocation fails, the
+        // replay goes on, and a later free of the id is skipped.
+        let text = "fault malloc 1 error 507899\nalloc a 4K\nfree a\nalloc b 4K\nfree b\n";
+        let trace = parse_str("t.trace", text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        for checks in [None, Some(Checks::default())] {
+            let r = run(&trace, &setup, checks).unwrap();
+            assert_eq!(r.counts.device_errors, 1);
+            assert_eq!(r.counts.skipped, 1);
+            assert_eq!(r.device_mallocs, 1);
+        }
+    }
+
+    #[test]
+    fn a_sabotaged_check_fails_at_the_first_free_after_a_fault_and_a_misuse() {
+        let text = "fault synchronize 1 error 5\nalloc a 4K\nfree a\ndouble_free a\n\
+                    alloc b 4K\nempty_cache\nfree b\n";
+        let trace = parse_str("t.trace", text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        run(&trace, &setup, Some(Checks::default())).unwrap();
+        let f = run(&trace, &setup, Some(Checks::sabotaged())).unwrap_err();
+        assert_eq!(f.line, 7, "{f}");
+        assert!(matches!(
+            f.error,
+            ExecError::Check(CheckError::Broken {
+                rule: Rule::Sabotaged,
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,262 @@
+//! The one operation type of npu-alloc's tools: what a `.trace` line says, what the stress engine
+//! generates, what the property tests and fuzz targets draw, and what the executor runs.
+
+use alloc_sim::{DeviceCall, Fault};
+
+/// A dense index naming one allocation id of a [`Trace`]; see [`Trace::id_name`].
+///
+/// The same id text always maps to the same index, also when it is allocated again after a free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct IdRef(pub(crate) u32);
+
+impl IdRef {
+    /// The index, in `0..trace.id_count()`: use it to index a `Vec` of per-id state.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// One operation of a trace and the line it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Op {
+    /// The 1-based line number in the trace file (0 for an operation not read from a file).
+    pub line: usize,
+    /// What to do.
+    pub kind: OpKind,
+}
+
+/// A deliberate misuse of the API: each must fail with a typed error and change nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Misuse {
+    /// `double_free <id>`: `free` of the address `id` had when it was last freed.
+    DoubleFree {
+        /// The allocation's name.
+        id: IdRef,
+    },
+    /// `record_freed <id> <stream>`: `record_stream` of the address `id` had when it was freed.
+    RecordFreed {
+        /// The allocation's name.
+        id: IdRef,
+        /// The stream.
+        stream: u64,
+    },
+    /// `free_foreign <address>`: `free` of an address that no allocation returned.
+    ForeignPointer {
+        /// The address.
+        addr: u64,
+    },
+    /// `free_interior <id>`: `free` of a live allocation's address plus one byte.
+    InteriorPointer {
+        /// The allocation's name.
+        id: IdRef,
+    },
+}
+
+impl Misuse {
+    /// The keyword of the misuse's line.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Misuse::DoubleFree { .. } => "double_free",
+            Misuse::RecordFreed { .. } => "record_freed",
+            Misuse::ForeignPointer { .. } => "free_foreign",
+            Misuse::InteriorPointer { .. } => "free_interior",
+        }
+    }
+
+    /// The allocation the misuse names, if any.
+    pub fn id(&self) -> Option<IdRef> {
+        match *self {
+            Misuse::DoubleFree { id }
+            | Misuse::RecordFreed { id, .. }
+            | Misuse::InteriorPointer { id } => Some(id),
+            Misuse::ForeignPointer { .. } => None,
+        }
+    }
+}
+
+/// The operations of the `.trace` format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpKind {
+    /// `alloc <id> <size> [<stream>]`: allocate `size` bytes on `stream` (default 0).
+    Alloc {
+        /// The allocation's name.
+        id: IdRef,
+        /// Requested bytes (0 is a null allocation).
+        size: u64,
+        /// The stream, 0 for the default stream.
+        stream: u64,
+    },
+    /// `free <id>`: free the allocation named `id`.
+    Free {
+        /// The allocation's name.
+        id: IdRef,
+    },
+    /// `record <id> <stream>`: `record_stream`, the block was used on `stream` too.
+    Record {
+        /// The allocation's name.
+        id: IdRef,
+        /// The stream it was used on.
+        stream: u64,
+    },
+    /// `complete [<stream>]`: work queued so far on `stream` (every stream if `None`) finishes.
+    Complete {
+        /// The stream, or `None` for all streams.
+        stream: Option<u64>,
+    },
+    /// `empty_cache`.
+    EmptyCache,
+    /// `fraction <f>`: `set_per_process_memory_fraction(f)`, `f` in `[0, 1]`.
+    Fraction(f64),
+    /// `reset_peak`: `reset_peak_memory_stats()`.
+    ResetPeak,
+    /// `reset_accumulated`: `reset_accumulated_memory_stats()`.
+    ResetAccumulated,
+    /// `stats [<label>]`: print one stats record.
+    Stats {
+        /// The label, if one was given.
+        label: Option<String>,
+    },
+    /// `fault <call> <nth> oom|error <code>`: the device fails its `nth` next call of `call`.
+    Fault {
+        /// The device call that fails.
+        call: DeviceCall,
+        /// Which call from now (1: the next one).
+        nth: u64,
+        /// How it fails.
+        fault: Fault,
+    },
+    /// A misuse of the API (`double_free`, `record_freed`, `free_foreign`, `free_interior`).
+    Misuse(Misuse),
+    /// `drain`: clear pending faults, free every live allocation, `empty_cache`; with checks,
+    /// nothing may be left on the device.
+    Drain,
+}
+
+impl OpKind {
+    /// The keyword that starts this operation's line.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            OpKind::Alloc { .. } => "alloc",
+            OpKind::Free { .. } => "free",
+            OpKind::Record { .. } => "record",
+            OpKind::Complete { .. } => "complete",
+            OpKind::EmptyCache => "empty_cache",
+            OpKind::Fraction(_) => "fraction",
+            OpKind::ResetPeak => "reset_peak",
+            OpKind::ResetAccumulated => "reset_accumulated",
+            OpKind::Stats { .. } => "stats",
+            OpKind::Fault { .. } => "fault",
+            OpKind::Misuse(m) => m.keyword(),
+            OpKind::Drain => "drain",
+        }
+    }
+}
+
+/// A trace: the directives (each `None` when absent), the operations in order, and the names of
+/// the allocation ids they use.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Trace {
+    /// The file name used in messages (as given to the parser).
+    pub file: String,
+    /// `capacity <size>`: total memory of the simulated device.
+    pub capacity: Option<u64>,
+    /// `conf <string>`: the alloc-conf string, the rest of the line with outer blanks trimmed.
+    pub conf: Option<String>,
+    /// `device_overhead <size>`: memory reported as used by others.
+    pub device_overhead: Option<u64>,
+    /// `pad <size>`: bytes added to every request before rounding.
+    pub pad: Option<u64>,
+    /// The operations, in file order.
+    pub ops: Vec<Op>,
+    pub(crate) ids: Vec<Box<str>>,
+}
+
+impl Trace {
+    /// An empty trace named `file`.
+    pub fn new(file: &str) -> Trace {
+        Trace {
+            file: file.to_owned(),
+            ..Trace::default()
+        }
+    }
+
+    /// The text of an interned id (`"?"` for an index this trace did not hand out).
+    pub fn id_name(&self, id: IdRef) -> &str {
+        self.ids.get(id.index()).map_or("?", |s| s)
+    }
+
+    /// How many distinct ids the trace names; every [`IdRef`] index is below this.
+    pub fn id_count(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Every id of the trace, in the order they were added.
+    pub fn ids(&self) -> impl Iterator<Item = IdRef> + use<> {
+        (0..self.ids.len() as u32).map(IdRef)
+    }
+
+    /// Adds a new id named `name` (the caller keeps names distinct) and returns it.
+    ///
+    /// # Panics
+    /// With more than 2^32 ids.
+    pub fn add_id(&mut self, name: impl Into<Box<str>>) -> IdRef {
+        let i = u32::try_from(self.ids.len()).expect("fewer than 2^32 ids");
+        self.ids.push(name.into());
+        IdRef(i)
+    }
+
+    /// Appends an operation (line 0: not read from a file).
+    pub fn push(&mut self, kind: OpKind) {
+        self.ops.push(Op { line: 0, kind });
+    }
+}
+
+/// The operations a trace can hold in this order, judged statically: drops an `alloc` of an id
+/// that is live, a `free`, `record` or `free_interior` of an id that is not, and a `double_free`
+/// or `record_freed` of an id that was never freed. Liveness is what the script says; the
+/// allocator may still refuse an `alloc` (out of memory) or a `free` (an injected device error),
+/// which the executor handles when it runs.
+///
+/// Shrinking a failing sequence and drawing random ones both make scripts that name ids out of
+/// order; this keeps what a trace file could say.
+pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Vec<OpKind> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum State {
+        Never,
+        Live,
+        Freed,
+    }
+    let mut state = vec![State::Never; id_count];
+    let mut out = Vec::new();
+    for op in ops {
+        let keep = match &op {
+            OpKind::Alloc { id, .. } => {
+                let s = &mut state[id.index()];
+                (*s != State::Live).then(|| *s = State::Live).is_some()
+            }
+            OpKind::Free { id } => {
+                let s = &mut state[id.index()];
+                (*s == State::Live).then(|| *s = State::Freed).is_some()
+            }
+            OpKind::Record { id, .. } | OpKind::Misuse(Misuse::InteriorPointer { id }) => {
+                state[id.index()] == State::Live
+            }
+            OpKind::Misuse(Misuse::DoubleFree { id } | Misuse::RecordFreed { id, .. }) => {
+                state[id.index()] == State::Freed
+            }
+            OpKind::Drain => {
+                for s in &mut state {
+                    if *s == State::Live {
+                        *s = State::Freed;
+                    }
+                }
+                true
+            }
+            _ => true,
+        };
+        if keep {
+            out.push(op);
+        }
+    }
+    out
+}

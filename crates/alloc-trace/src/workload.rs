@@ -1,0 +1,181 @@
+//! Benchmark workloads shared by the criterion benches and their tests: an allocator with N
+//! cached blocks of mixed sizes in both pools, the same free blocks in a bare best-fit map (the
+//! least a best-fit cache can do), and long synthetic traces for replay throughput.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write;
+
+use alloc_conf::AllocConf;
+use alloc_core::{Allocator, DeviceFacts};
+use alloc_sim::{SimDevice, SimStream};
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+/// Request sizes of the hit benchmarks: already rounded (no pad), so a hit takes a cached block
+/// whole; five small-pool and five large-pool sizes, some carved from 20 MiB segments.
+pub const HIT_SIZES: [u64; 10] = [
+    512,
+    1536,
+    4 * KIB,
+    64 * KIB,
+    512 * KIB,
+    2 * MIB,
+    3 * MIB,
+    12 * MIB,
+    24 * MIB,
+    64 * MIB,
+];
+
+/// The `i`-th request size of a hit workload.
+pub fn hit_size(i: usize) -> u64 {
+    HIT_SIZES[i % HIT_SIZES.len()]
+}
+
+/// An allocator (CUDA parity, no pad) holding `cached` free blocks, each between two live
+/// blocks so none can merge: block `2j` stays live and block `2j + 1` is freed, both of size
+/// `hit_size(j)`. Returns the allocator and the live addresses.
+pub fn cached_allocator(cached: usize) -> (Allocator<SimDevice>, Vec<u64>) {
+    let mut alloc = Allocator::new(
+        SimDevice::new(u64::MAX / 2),
+        &AllocConf::default(),
+        DeviceFacts::cuda_parity(0),
+    );
+    let mut live = Vec::with_capacity(cached);
+    for j in 0..cached {
+        let keep = alloc
+            .malloc(hit_size(j), SimStream(0))
+            .expect("capacity is unlimited");
+        let drop = alloc
+            .malloc(hit_size(j), SimStream(0))
+            .expect("capacity is unlimited");
+        live.push(keep);
+        alloc.free(drop).expect("just allocated");
+    }
+    (alloc, live)
+}
+
+/// A bare best-fit cache: an ordered set of free (size, address) and a hash map of live blocks.
+/// No streams, no split, no stats. The baseline every hit figure is divided by.
+#[derive(Debug, Default)]
+pub struct BestFit {
+    free: BTreeSet<(u64, u64)>,
+    live: HashMap<u64, u64>,
+}
+
+impl BestFit {
+    /// The same free-block population as [`cached_allocator`]: `cached` blocks of
+    /// `hit_size(j)` at distinct addresses.
+    pub fn with_cached(cached: usize) -> BestFit {
+        let mut map = BestFit::default();
+        let mut addr = 1 << 32;
+        for j in 0..cached {
+            map.free.insert((hit_size(j), addr));
+            addr += 2 * hit_size(j);
+        }
+        map
+    }
+
+    /// Takes the smallest free block of at least `size` bytes (lowest address on ties).
+    pub fn malloc(&mut self, size: u64) -> Option<u64> {
+        let &(found, addr) = self.free.range((size, 0)..).next()?;
+        self.free.remove(&(found, addr));
+        self.live.insert(addr, found);
+        Some(addr)
+    }
+
+    /// Returns a live block to the free set.
+    pub fn free(&mut self, addr: u64) -> bool {
+        match self.live.remove(&addr) {
+            Some(size) => self.free.insert((size, addr)),
+            None => false,
+        }
+    }
+}
+
+/// A deterministic synthetic `.trace` of `ops` operations with the GPT-2 step's size mix: up to
+/// `max_live` live allocations, allocs and frees interleaved, on one stream, pad 0.
+pub fn synthetic_trace(ops: usize, max_live: usize, seed: u64) -> String {
+    // Sizes seen in the shipped GPT-2 step, weighted roughly as they occur there.
+    const SIZES: [u64; 12] = [
+        3072, 12288, 65536, 2359296, 589824, 9437184, 8519680, 25165824, 100663296, 30720000, 1024,
+        37748736,
+    ];
+    let mut rng = seed | 1;
+    let mut next = move || {
+        // xorshift64*: deterministic, good enough to pick sizes and ids.
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut out = String::with_capacity(ops * 16);
+    out.push_str("# synthetic trace (alloc_trace::workload::synthetic_trace)\npad 0\n");
+    let mut live: Vec<u32> = Vec::new();
+    let mut dead: Vec<u32> = Vec::new();
+    let mut fresh = 0u32;
+    for _ in 0..ops {
+        let r = next();
+        let alloc = live.is_empty() || (live.len() < max_live && r % 2 == 0);
+        if alloc {
+            let id = dead.pop().unwrap_or_else(|| {
+                fresh += 1;
+                fresh - 1
+            });
+            let size = SIZES[(r >> 8) as usize % SIZES.len()];
+            writeln!(out, "alloc a{id} {size}").expect("writing to a String");
+            live.push(id);
+        } else {
+            let id = live.swap_remove((r >> 8) as usize % live.len());
+            writeln!(out, "free a{id}").expect("writing to a String");
+            dead.push(id);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cached_allocator_holds_the_requested_free_blocks() {
+        let (mut alloc, live) = cached_allocator(40);
+        assert_eq!(live.len(), 40);
+        // 40 live blocks; every freed block is cached (a segment's last one may merge with its
+        // free tail, so count allocations, not blocks).
+        assert_eq!(alloc.stats().allocation.all.current, 40);
+        alloc_sim::check_consistency(&alloc).unwrap();
+        // A pair hits the cache: no device malloc.
+        let before = alloc.device().successful_mallocs();
+        for i in 0..20 {
+            let p = alloc.malloc(hit_size(i), SimStream(0)).unwrap();
+            alloc.free(p).unwrap();
+        }
+        assert_eq!(alloc.device().successful_mallocs(), before);
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_fitting_block() {
+        let mut map = BestFit::with_cached(20);
+        let a = map.malloc(4096).unwrap();
+        assert_eq!(map.live[&a], 4096);
+        let b = map.malloc(4097).unwrap();
+        assert_eq!(map.live[&b], 64 * KIB);
+        assert!(map.free(a));
+        assert!(!map.free(a));
+        assert_eq!(map.malloc(u64::MAX), None);
+    }
+
+    #[test]
+    fn synthetic_traces_parse_and_replay() {
+        let text = synthetic_trace(5000, 64, 7);
+        assert_eq!(text, synthetic_trace(5000, 64, 7), "deterministic");
+        let trace = crate::parse::parse_str("synthetic", &text).unwrap();
+        assert_eq!(trace.ops.len(), 5000);
+        let setup = crate::exec::Setup::from_trace(&trace, AllocConf::default(), None, None);
+        let report = crate::replay::replay(&trace, &setup).unwrap();
+        assert_eq!(report.counts.ops, 5000);
+        assert_eq!(report.counts.ooms, 0);
+    }
+}

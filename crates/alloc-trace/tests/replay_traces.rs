@@ -1,0 +1,137 @@
+//! Replays every shipped trace and checks the numbers its comments promise, and the GPT-2 step
+//! against what PyTorch itself reserved for it.
+
+use alloc_trace::{Report as ReplayReport, Setup, replay};
+
+const MIB: i64 = 1 << 20;
+
+fn run(name: &str, pad: Option<u64>) -> ReplayReport {
+    let path = format!("{}/traces/{name}.trace", env!("CARGO_MANIFEST_DIR"));
+    let trace = alloc_trace::load(&path).unwrap();
+    let parsed = alloc_conf::parse(trace.conf.as_deref().unwrap_or(""));
+    assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+    replay(&trace, &Setup::from_trace(&trace, parsed.conf, None, pad)).unwrap()
+}
+
+fn get(r: &ReplayReport, label: &str, key: &str) -> i64 {
+    let record = r
+        .records
+        .iter()
+        .chain([&r.end])
+        .find(|s| s.label == label)
+        .unwrap();
+    record
+        .stats
+        .flat()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .unwrap()
+        .1
+}
+
+#[test]
+fn split_merge() {
+    let r = run("split_merge", None);
+    assert_eq!(get(&r, "packed", "allocated_bytes.all.current"), 528_384);
+    assert_eq!(get(&r, "packed", "reserved_bytes.all.current"), 2 * MIB);
+    assert_eq!(get(&r, "packed", "segment.all.current"), 1);
+    assert_eq!(get(&r, "packed", "inactive_split.all.current"), 1);
+    assert_eq!(get(&r, "hole_reused", "inactive_split.all.current"), 2);
+    assert_eq!(get(&r, "merged", "allocated_bytes.all.current"), 0);
+    assert_eq!(get(&r, "merged", "reserved_bytes.all.current"), 2 * MIB);
+    assert_eq!(get(&r, "merged", "inactive_split.all.current"), 0);
+    assert_eq!(get(&r, "emptied", "num_device_alloc"), 1);
+    assert_eq!(get(&r, "emptied", "num_device_free"), 1);
+    assert_eq!(get(&r, "emptied", "reserved_bytes.all.current"), 0);
+}
+
+#[test]
+fn oversize() {
+    let r = run("oversize", None);
+    assert_eq!(get(&r, "reuse", "allocated_bytes.all.current"), 64 * MIB);
+    assert_eq!(get(&r, "reuse", "requested_bytes.all.current"), 50 * MIB);
+    assert_eq!(get(&r, "reuse", "reserved_bytes.all.current"), 64 * MIB);
+    assert_eq!(get(&r, "reuse", "num_device_alloc"), 1);
+    assert_eq!(get(&r, "no_reuse", "reserved_bytes.all.current"), 124 * MIB);
+    assert_eq!(get(&r, "no_reuse", "allocated_bytes.all.current"), 48 * MIB);
+    assert_eq!(get(&r, "no_reuse", "oversize_segments.current"), 2);
+    assert_eq!(get(&r, "no_reuse", "oversize_allocations.current"), 1);
+    assert_eq!(get(&r, "no_reuse", "num_device_alloc"), 3);
+    assert_eq!(get(&r, "emptied", "num_device_free"), 3);
+    assert_eq!(get(&r, "emptied", "max_split_size"), 32 * MIB);
+}
+
+#[test]
+fn record_stream() {
+    let r = run("record_stream", None);
+    assert_eq!(get(&r, "pending", "allocated_bytes.all.current"), 4 * MIB);
+    assert_eq!(get(&r, "pending", "active_bytes.all.current"), 8 * MIB);
+    assert_eq!(get(&r, "completed", "active_bytes.all.current"), 8 * MIB);
+    assert_eq!(get(&r, "reused", "allocated_bytes.all.current"), 8 * MIB);
+    assert_eq!(get(&r, "reused", "active_bytes.all.current"), 8 * MIB);
+    assert_eq!(get(&r, "reused", "num_device_alloc"), 1);
+    assert_eq!(get(&r, "end", "num_device_alloc"), 2);
+    assert_eq!(get(&r, "end", "active_bytes.all.current"), 0);
+}
+
+#[test]
+fn oom_retry() {
+    let r = run("oom_retry", None);
+    assert_eq!(
+        get(&r, "after_retry", "reserved_bytes.all.current"),
+        40 * MIB
+    );
+    assert_eq!(get(&r, "after_retry", "num_alloc_retries"), 1);
+    assert_eq!(get(&r, "after_retry", "num_sync_all_streams"), 1);
+    assert_eq!(get(&r, "after_retry", "num_device_free"), 2);
+    assert_eq!(get(&r, "after_retry", "num_ooms"), 0);
+    assert_eq!(get(&r, "after_oom", "num_alloc_retries"), 2);
+    assert_eq!(get(&r, "after_oom", "num_sync_all_streams"), 2);
+    assert_eq!(get(&r, "after_oom", "num_ooms"), 1);
+    assert_eq!((r.counts.ooms, r.counts.skipped), (1, 1));
+}
+
+#[test]
+fn gpt2_step_reserves_no_more_than_pytorch() {
+    // PyTorch reserved 14,180,941,824 bytes (216 segments, 13.21 GiB) for this step.
+    let r = run("gpt2_step", Some(0));
+    let peak = get(&r, "end", "reserved_bytes.all.peak");
+    assert!(peak <= 14_180_941_824, "{peak}");
+    // Our exact figure, pinned so a policy change shows up here.
+    assert_eq!(peak, 14_088_667_136);
+    assert_eq!(get(&r, "end", "segment.all.current"), 240);
+    assert_eq!(get(&r, "end", "num_ooms"), 0);
+    assert_eq!((r.counts.allocs, r.counts.frees), (1950, 1721));
+    // Whole-run peaks (the trace resets peaks once): requested 12.97 GiB as torch measured.
+    assert_eq!(r.device_peak_bytes as i64, peak);
+    assert_eq!(r.peak_requested_bytes, 13_923_997_700);
+    assert_eq!(
+        alloc_core::FormatSize(r.peak_requested_bytes).to_string(),
+        "12.97 GiB"
+    );
+    // With torch_npu's 32-byte pad every request takes up to 512 bytes more.
+    let padded = run("gpt2_step", None);
+    assert_eq!(
+        get(&padded, "end", "reserved_bytes.all.peak"),
+        14_457_765_888
+    );
+}
+
+#[test]
+fn a_reserve_past_8_eib_is_out_of_memory() {
+    // A legal trace on an absurd simulated device: nine allocations just under 1 EiB (each a
+    // 1 EiB segment). torch's int64 stats cannot count a reserve past i64::MAX bytes, so the
+    // eighth and ninth are out of memory and every stat stays exact.
+    let mut text = String::from("capacity 18446744073709551615\npad 0\n");
+    for i in 0..9 {
+        text.push_str(&format!("alloc a{i} 1152921504606846975\n"));
+    }
+    let trace = alloc_trace::parse_str("huge.trace", &text).unwrap();
+    let setup = Setup::from_trace(&trace, alloc_conf::AllocConf::default(), None, None);
+    let r = replay(&trace, &setup).unwrap();
+    assert_eq!(r.counts.ooms, 2);
+    assert_eq!(get(&r, "end", "reserved_bytes.all.current"), 7 << 60);
+    assert_eq!(get(&r, "end", "allocated_bytes.large_pool.peak"), 7 << 60);
+    assert_eq!(get(&r, "end", "allocation.all.current"), 7);
+    assert_eq!(get(&r, "end", "num_ooms"), 2);
+}

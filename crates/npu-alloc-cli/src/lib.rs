@@ -1,0 +1,64 @@
+//! `npu-alloc`, the command-line tool ML engineers run on their own traces and configurations:
+//!
+//! - `npu-alloc replay FILE`: replay a `.trace` through the exact policy on the simulated device
+//!   (`--check`: with every check of the stress engine after every operation);
+//! - `npu-alloc conf [STRING]`: parse an alloc-conf string (or the environment) and explain it;
+//! - `npu-alloc stress`: random operations, faults and misuse, every invariant checked.
+//!
+//! Exit codes: 0 success; 1 the command ran and found a problem (a malformed trace, a replay
+//! that stopped, a failed check or stress run, a warning under `conf --strict`); 2 a malformed
+//! command line (or a `conf` STRING that is not UTF-8).
+//!
+//! Every subcommand is also `cargo xtask <subcommand>` in a checkout: xtask forwards to
+//! [`main_with`].
+
+mod conf;
+mod replay;
+mod stress;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// npu-alloc: PyTorch's caching allocator for Ascend NPUs, on the command line.
+#[derive(Parser)]
+#[command(name = "npu-alloc", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a `.trace` file through the policy on the simulated device.
+    Replay(replay::Args),
+    /// Parse an allocator config string (or the environment) and explain the result.
+    Conf(conf::Args),
+    /// Random operations with device faults and misuse, every invariant checked after each.
+    Stress(stress::Args),
+}
+
+/// The subcommands, by name (for `cargo xtask`'s aliases).
+pub const SUBCOMMANDS: [&str; 3] = ["replay", "conf", "stress"];
+
+/// Runs the tool with `args` (the first one is the program name) and returns its exit code.
+pub fn main_with(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with success; malformed command lines exit 2.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    match cli.command {
+        Command::Replay(args) => replay::run(args),
+        Command::Conf(args) => conf::run(args),
+        Command::Stress(args) => stress::run(args),
+    }
+}
