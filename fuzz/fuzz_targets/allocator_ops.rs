@@ -1,11 +1,13 @@
-//! Operation sequences decoded from arbitrary bytes, run through the stress checker
-//! (`testkit::stress`): every allocator invariant and API contract after every operation,
-//! with injected device faults, then free everything and `empty_cache` with nothing left over.
+//! Operation sequences decoded from arbitrary bytes, run by the checked executor
+//! (`alloc_trace::exec`): every allocator invariant and API contract after every operation, with
+//! injected device faults and misuse, then free everything and `empty_cache` with nothing left
+//! over.
 #![no_main]
 
+use alloc_sim::{DeviceCall, Fault};
+use alloc_trace::stress::{StressParams, VARIANTS};
+use alloc_trace::{Checks, IdRef, Misuse, OpKind, Trace, replay_checked, to_text, well_formed};
 use libfuzzer_sys::fuzz_target;
-use testkit::stress::{self, Misuse, StressOp, StressParams, VARIANTS};
-use testkit::{DeviceCall, Fault};
 
 const MIB: u64 = 1 << 20;
 
@@ -29,14 +31,14 @@ const SIZES: [u64; 16] = [
     u64::MAX,
 ];
 
-/// One operation from four bytes; `i` is its position (allocations are named by position).
-fn op(i: u64, [k, a, b, c]: [u8; 4]) -> StressOp {
+/// One operation from four bytes; `ids[i]` names the allocation made at position `i`.
+fn op(i: usize, ids: &[IdRef], [k, a, b, c]: [u8; 4]) -> OpKind {
     let (a64, b64, c64) = (u64::from(a), u64::from(b), u64::from(c));
-    // An earlier position, for frees and records (skipped unless it is a live allocation).
-    let earlier = i.saturating_sub(1 + a64 % 64);
+    // The allocation of an earlier position (dropped by `well_formed` unless it fits).
+    let earlier = ids[i.saturating_sub(1 + usize::from(a) % 64)];
     match k % 13 {
-        0..=2 => StressOp::Alloc {
-            id: i,
+        0..=2 => OpKind::Alloc {
+            id: ids[i],
             size: if a & 1 == 0 {
                 SIZES[usize::from(b % 16)]
             } else {
@@ -44,27 +46,30 @@ fn op(i: u64, [k, a, b, c]: [u8; 4]) -> StressOp {
             },
             stream: a64 >> 5 & 3,
         },
-        3 | 4 => StressOp::Free { id: earlier },
-        5 => StressOp::Record {
+        3 | 4 => OpKind::Free { id: earlier },
+        5 => OpKind::Record {
             id: earlier,
             stream: b64 % 4,
         },
-        6 => StressOp::Complete {
+        6 => OpKind::Complete {
             stream: (b & 1 == 0).then_some(c64 % 4),
         },
-        7 => StressOp::EmptyCache,
-        8 => StressOp::Fraction([1.0, 0.9, 0.5, 0.25, 0.0][usize::from(a % 5)]),
-        9 if a & 1 == 0 => StressOp::ResetPeak,
-        9 => StressOp::ResetAccumulated,
-        10 => StressOp::Misuse(match a % 4 {
-            0 => Misuse::DoubleFree { pick: b64 },
-            1 => Misuse::RecordFreed { pick: b64 },
+        7 => OpKind::EmptyCache,
+        8 => OpKind::Fraction([1.0, 0.9, 0.5, 0.25, 0.0][usize::from(a % 5)]),
+        9 if a & 1 == 0 => OpKind::ResetPeak,
+        9 => OpKind::ResetAccumulated,
+        10 => OpKind::Misuse(match a % 4 {
+            0 => Misuse::DoubleFree { id: earlier },
+            1 => Misuse::RecordFreed {
+                id: earlier,
+                stream: b64 % 4,
+            },
             2 => Misuse::ForeignPointer {
                 addr: [0x10, 0xdead_0000, u64::MAX - 511][usize::from(b % 3)],
             },
             _ => Misuse::InteriorPointer { id: earlier },
         }),
-        11 => StressOp::Fault {
+        11 => OpKind::Fault {
             call: DeviceCall::ALL[usize::from(a) % DeviceCall::ALL.len()],
             nth: 1 + b64 % 3,
             fault: if c & 1 == 0 {
@@ -73,7 +78,7 @@ fn op(i: u64, [k, a, b, c]: [u8; 4]) -> StressOp {
                 Fault::Error(i32::from(c))
             },
         },
-        _ => StressOp::Drain,
+        _ => OpKind::Drain,
     }
 }
 
@@ -84,15 +89,19 @@ fuzz_target!(|data: &[u8]| {
     let (_, conf) = VARIANTS[usize::from(variant) % VARIANTS.len()];
     let mut params = StressParams::new(0, 0, conf);
     params.capacity = 1 << 30;
-    let ops: Vec<StressOp> = body
+    let mut trace: Trace = params.empty_trace();
+    let chunks: Vec<[u8; 4]> = body
         .chunks_exact(4)
-        .enumerate()
-        .map(|(i, c)| op(i as u64, [c[0], c[1], c[2], c[3]]))
+        .map(|c| [c[0], c[1], c[2], c[3]])
         .collect();
-    if let Err((index, e)) = stress::run_ops(&params, &ops) {
-        panic!(
-            "operation {index}: {e}\n{}",
-            stress::to_trace(&params, &ops[..(index + 1).min(ops.len())])
-        );
+    let ids: Vec<IdRef> = (0..chunks.len())
+        .map(|i| trace.add_id(format!("a{i}")))
+        .collect();
+    let ops = chunks.iter().enumerate().map(|(i, &c)| op(i, &ids, c));
+    for kind in well_formed(ops.chain([OpKind::Drain]), ids.len()) {
+        trace.push(kind);
+    }
+    if let Err(f) = replay_checked(&trace, &params.setup(), Checks::default()) {
+        panic!("{f}\n{}", to_text(&trace));
     }
 });

@@ -55,17 +55,9 @@ fn forward(name: &str, args: Forwarded) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli: Cli = match npu_alloc_cli::parse_args(std::env::args_os()) {
         Ok(cli) => cli,
-        Err(e) => {
-            // Help and version go to stdout with success; malformed command lines exit 2.
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match cli.command {
         Command::Replay(args) => forward("replay", args),

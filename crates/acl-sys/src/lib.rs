@@ -16,6 +16,8 @@
 //! Modules: `loader` (search and `dlopen`), `symbols` (the function table, handles and
 //! wrappers), `types` (the C enums, flags and `aclrtPhysicalMemProp`), `error` (codes and
 //! [`AclError`]). No policy and no caching live here.
+#![warn(unreachable_pub)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod error;
 mod loader;

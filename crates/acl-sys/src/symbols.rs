@@ -573,7 +573,9 @@ impl Lib {
         let mut ev = ptr::null_mut();
         let (function, code) = if let Some(f) = self.functions.aclrtCreateEventWithFlag {
             // SAFETY: the out-pointer is a valid, writable local; `flags` is a plain value.
-            ("aclrtCreateEventWithFlag", unsafe { f(&mut ev, flags.bits()) })
+            ("aclrtCreateEventWithFlag", unsafe {
+                f(&mut ev, flags.bits())
+            })
         } else if let Some(f) = self.functions.aclrtCreateEvent {
             // SAFETY: the out-pointer is a valid, writable local.
             ("aclrtCreateEvent", unsafe { f(&mut ev) })

@@ -29,6 +29,7 @@
 //! ```
 #![no_std]
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 extern crate alloc;
 #[cfg(test)]

@@ -8,10 +8,10 @@ use alloc::vec::Vec;
 
 use crate::conf::{AllocConf, Backend, MIB};
 use crate::constraints;
-use crate::state::State;
 use crate::keys::{KEY_COUNT, Key, UNSUPPORTED_KEYS};
 use crate::lex::{self, Item, NumError};
 use crate::roundup;
+use crate::state::State;
 use crate::warning::{StrictError, Warning, WarningKind};
 
 /// `page_size:1g`, in bytes.

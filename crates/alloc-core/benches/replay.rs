@@ -9,8 +9,8 @@
 #![allow(missing_docs)]
 
 use alloc_core::AllocConf;
-use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use alloc_trace::workload::synthetic_trace;
+use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 
 /// Operations in the trace (`cargo xtask bench` divides by the same number).
 const OPS: usize = 200_000;

@@ -83,6 +83,7 @@ impl fmt::Display for OutOfMemory {
 
 /// A failed `malloc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AllocError<E> {
     /// No memory after torch's whole retry chain.
     OutOfMemory(OutOfMemory),
@@ -102,7 +103,7 @@ impl<E: fmt::Display> fmt::Display for AllocError<E> {
             AllocError::TooLarge { .. } => {
                 f.write_str("NPU out of memory. Tried to allocate more than 1EB memory.")
             }
-            AllocError::Device(e) => write!(f, "device error during allocation: {e}"),
+            AllocError::Device(e) => write!(f, "NPU error: {e}"),
         }
     }
 }
@@ -111,6 +112,7 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for AllocError<E> {}
 
 /// A failed `free` or `record_stream`; the allocator's state is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FreeError<E> {
     /// The address lies in no segment of this allocator.
     ForeignPointer {
@@ -135,7 +137,7 @@ impl<E: fmt::Display> fmt::Display for FreeError<E> {
                 f,
                 "invalid device pointer: {addr:#x} is not a live allocation (double free?)"
             ),
-            FreeError::Device(e) => write!(f, "device error during free: {e}"),
+            FreeError::Device(e) => write!(f, "NPU error: {e}"),
         }
     }
 }
@@ -144,6 +146,7 @@ impl<E: fmt::Debug + fmt::Display> core::error::Error for FreeError<E> {}
 
 /// A rejected `set_per_process_memory_fraction`.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum FractionError {
     /// The fraction is not within [0, 1].
     OutOfRange(f64),

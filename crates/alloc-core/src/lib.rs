@@ -7,6 +7,7 @@
 //! `torch-allocator.md`; where torch_npu differs (the 32-byte pad, the OOM message) torch_npu wins.
 #![no_std]
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 extern crate alloc;
 #[cfg(test)]

@@ -43,7 +43,11 @@ impl<D: Device> Allocator<D> {
     }
 
     /// [`Allocator::malloc`] up to its first device malloc, if it needs one.
-    pub fn begin_malloc(&mut self, size: u64, stream: D::Stream) -> MallocStep<D::Error, D::Stream> {
+    pub fn begin_malloc(
+        &mut self,
+        size: u64,
+        stream: D::Stream,
+    ) -> MallocStep<D::Error, D::Stream> {
         match self.lookup(size, stream) {
             Ok(Lookup::Found(addr)) => MallocStep::Done(Ok(addr)),
             Ok(Lookup::Miss(req)) => self.miss(req),
@@ -53,7 +57,11 @@ impl<D: Device> Allocator<D> {
 
     /// torch's malloc up to the miss path: size the request and take a cached block if one fits.
     #[inline]
-    fn lookup(&mut self, size: u64, stream: D::Stream) -> Result<Lookup<D::Stream>, AllocError<D::Error>> {
+    fn lookup(
+        &mut self,
+        size: u64,
+        stream: D::Stream,
+    ) -> Result<Lookup<D::Stream>, AllocError<D::Error>> {
         let Some(req) = self.request(size, stream)? else {
             return Ok(Lookup::Found(0));
         };
@@ -118,5 +126,4 @@ impl<D: Device> Allocator<D> {
             !(req.size >= max_split && candidate >= limit)
         })
     }
-
 }

@@ -93,7 +93,11 @@ impl<D: Device> Allocator<D> {
     /// the device past the fraction limit (or past the largest reserve an i64 statistic can
     /// count, which only a simulated device offers; that bound is what lets every current
     /// statistic be updated without overflow checks). A refusal moves down the chain.
-    fn request_segment(&mut self, req: Request<D::Stream>, stage: Stage) -> MallocStep<D::Error, D::Stream> {
+    fn request_segment(
+        &mut self,
+        req: Request<D::Stream>,
+        stage: Stage,
+    ) -> MallocStep<D::Error, D::Stream> {
         if stage == Stage::Retry {
             self.stats.num_alloc_retries += 1;
         }
@@ -110,7 +114,11 @@ impl<D: Device> Allocator<D> {
 
     /// The chain after the `alloc_block` at `stage` got no segment: release what torch releases
     /// there and ask again, or, after the last, out of memory.
-    fn after_failed_segment(&mut self, req: Request<D::Stream>, stage: Stage) -> MallocStep<D::Error, D::Stream> {
+    fn after_failed_segment(
+        &mut self,
+        req: Request<D::Stream>,
+        stage: Stage,
+    ) -> MallocStep<D::Error, D::Stream> {
         let next = match stage {
             Stage::First => match self.release_available_cached_blocks(&req) {
                 Ok(true) => Ok(Stage::AfterRelease),

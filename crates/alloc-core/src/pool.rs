@@ -134,4 +134,3 @@ impl<S: Ord + Copy> BlockPool<S> {
         self.lookups - blocks[id].gc_base
     }
 }
-

@@ -143,10 +143,11 @@ impl SortedBin {
                 let at = v.partition_point(|e| e.0 < key);
                 v.get(at).map(|&(key, id)| Found { at, key, id })
             }
-            SortedBin::Large(m) => m
-                .range(key..)
-                .next()
-                .map(|(&key, &id)| Found { at: 0, key, id }),
+            SortedBin::Large(m) => {
+                m.range(key..)
+                    .next()
+                    .map(|(&key, &id)| Found { at: 0, key, id })
+            }
         }
     }
 

@@ -4,8 +4,8 @@
 mod common;
 
 use alloc_core::{AllocConf, AllocError, Allocator, DeviceFacts};
-use common::*;
 use alloc_sim::SimDevice;
+use common::*;
 
 #[test]
 fn a_pad_that_overflows_the_request_refuses_it_as_too_large() {

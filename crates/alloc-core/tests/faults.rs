@@ -5,8 +5,8 @@
 mod common;
 
 use alloc_core::{AllocConf, AllocError, BlockState, FreeError};
-use common::*;
 use alloc_sim::{DeviceCall, Fault, FaultError, SimError, TestDevice};
+use common::*;
 
 fn injected(call: DeviceCall, code: i32) -> FaultError<SimError> {
     FaultError::Injected { call, code }

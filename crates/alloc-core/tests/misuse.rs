@@ -4,8 +4,8 @@
 mod common;
 
 use alloc_core::{AllocConf, Allocator, FractionError, FreeError};
-use common::*;
 use alloc_sim::{DeviceCall, FaultError, SimError, TestDevice};
+use common::*;
 
 /// Runs `misuse` and checks that it changed no stat and called nothing on the device.
 fn changes_nothing<T>(

@@ -5,8 +5,8 @@
 mod common;
 
 use alloc_core::{AllocConf, AllocError, Allocator, Device, DeviceError, MallocStep};
-use common::*;
 use alloc_sim::{FaultError, SimError, SimStream, TestDevice};
+use common::*;
 
 type Error = FaultError<SimError>;
 

@@ -247,7 +247,9 @@ fn check_peaks<D: Device>(alloc: &Allocator<D>) -> Result<(), Inconsistency> {
 }
 
 /// Checks every invariant of `alloc` on the simulated device.
-pub fn check_consistency<D: Device + AsRef<SimDevice>>(alloc: &Allocator<D>) -> Result<(), Inconsistency> {
+pub fn check_consistency<D: Device + AsRef<SimDevice>>(
+    alloc: &Allocator<D>,
+) -> Result<(), Inconsistency> {
     check_snapshot(alloc, &alloc.snapshot())
 }
 

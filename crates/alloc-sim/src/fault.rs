@@ -356,7 +356,11 @@ mod tests {
 
     #[test]
     fn injected_mem_info_failure_fails_once() {
-        let mut d = FaultInjector::new(SimDevice::new(MIB)).with_fault(DeviceCall::MemInfo, 1, Fault::Error(1));
+        let mut d = FaultInjector::new(SimDevice::new(MIB)).with_fault(
+            DeviceCall::MemInfo,
+            1,
+            Fault::Error(1),
+        );
         assert_eq!(
             d.mem_info(),
             Err(FaultError::Injected {
@@ -370,7 +374,11 @@ mod tests {
 
     #[test]
     fn injected_malloc_oom_and_error() {
-        let mut d = FaultInjector::new(SimDevice::new(100 * MIB)).with_fault(DeviceCall::Malloc, 2, Fault::OutOfMemory);
+        let mut d = FaultInjector::new(SimDevice::new(100 * MIB)).with_fault(
+            DeviceCall::Malloc,
+            2,
+            Fault::OutOfMemory,
+        );
         assert!(d.malloc(MIB).is_ok());
         assert_eq!(d.malloc(MIB), Err(DeviceError::OutOfMemory));
         assert!(d.malloc(MIB).is_ok());
@@ -462,7 +470,6 @@ mod tests {
         d.clear_all_faults();
         assert_eq!(d.synchronize(), Ok(()));
     }
-
 
     #[test]
     fn nth_call_fires_once() {

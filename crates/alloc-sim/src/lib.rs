@@ -9,6 +9,7 @@
 //! - [`check_consistency`] / [`check_allocations`]: every stat against a recount from the
 //!   snapshot, blocks tiling their segments, nothing unmerged, the device's ledger.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 mod check;
 mod fault;

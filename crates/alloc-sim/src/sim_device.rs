@@ -173,6 +173,14 @@ impl SimDevice {
         }
     }
 
+    /// Builder: the first segment goes at `base` (rounded up to [`SEGMENT_ALIGNMENT`]) instead of
+    /// [`BASE_ADDRESS`], so that several simulated devices in one process hand out distinct
+    /// addresses, as real devices do.
+    pub fn with_base_address(mut self, base: u64) -> Self {
+        self.next_addr = base;
+        self
+    }
+
     /// Builder: memory the device reports as used by others (the trace's `device_overhead`).
     pub fn with_device_overhead(mut self, bytes: u64) -> Self {
         self.overhead = bytes;

@@ -142,7 +142,11 @@ enum Slot {
     /// Never allocated.
     Never,
     /// Allocated at `addr` (0 for a zero-size allocation) by the `alloc` at `line`.
-    Live { addr: u64, requested: u64, line: usize },
+    Live {
+        addr: u64,
+        requested: u64,
+        line: usize,
+    },
     /// Its allocation failed; a later `free` / `record` is skipped until it is allocated again.
     Failed,
     /// Freed by the operation at `line`; `addr` is where it lived.
@@ -309,6 +313,8 @@ pub enum ExecError {
     Id(IdError),
     /// A device error no injected fault explains.
     Device(DeviceErr),
+    /// A `malloc` refused in a way the executor does not know.
+    Alloc(AllocError<DeviceErr>),
     /// A `free` or `record` of a live allocation refused.
     Free(FreeError<DeviceErr>),
     /// A `fraction` the allocator refused.
@@ -329,6 +335,7 @@ impl fmt::Display for ExecError {
         match self {
             ExecError::Id(e) => e.fmt(f),
             ExecError::Device(e) => write!(f, "device error: {e}"),
+            ExecError::Alloc(e) => e.fmt(f),
             ExecError::Free(e) => e.fmt(f),
             ExecError::Fraction(e) => e.fmt(f),
             ExecError::MisuseAccepted { misuse, addr } => write!(
@@ -688,11 +695,8 @@ impl Executor {
                 let device = self.alloc.device_mut();
                 let (pending, at) = (device.pending_faults(), device.calls(call) + nth.max(1));
                 device.fail_nth(call, nth, fault);
-                let scheduled = (device.pending_faults() > pending).then_some(Scheduled {
-                    call,
-                    at,
-                    fault,
-                });
+                let scheduled =
+                    (device.pending_faults() > pending).then_some(Scheduled { call, at, fault });
                 if scheduled.is_some() {
                     self.counts.faults_scheduled += 1;
                 }
@@ -795,6 +799,7 @@ impl Executor {
                 Err(AllocError::TooLarge { .. }) => self.counts.refused += 1,
                 Err(AllocError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
                 Err(AllocError::Device(e)) => return Err(ExecError::Device(e)),
+                Err(e) => return Err(ExecError::Alloc(e)),
             },
             Outcome::Free { result, .. } | Outcome::Record { result } => match result {
                 Ok(()) => {}
@@ -843,7 +848,8 @@ impl Executor {
             } => self.verify_malloc(id, size, stream, result, before)?,
             Outcome::Free { addr, result } => self.verify_free(addr, result, before)?,
             Outcome::Record { result } => {
-                result.map_err(|e| broken(Rule::UnexpectedResult, format!("record_stream: {e}")))?;
+                result
+                    .map_err(|e| broken(Rule::UnexpectedResult, format!("record_stream: {e}")))?;
                 self.stats_are(&before.stats, "record_stream")?;
                 self.no_device_calls(before.calls, "record_stream")?;
             }
@@ -894,9 +900,7 @@ impl Executor {
                 c.base_frees = frees;
                 c.ooms_since_reset = 0;
             }
-            Outcome::Fault {
-                scheduled: Some(s),
-            } => self.checks().faults.push(s),
+            Outcome::Fault { scheduled: Some(s) } => self.checks().faults.push(s),
             Outcome::Misuse {
                 misuse,
                 addr,
@@ -1288,7 +1292,9 @@ impl Executor {
         let c = self.checks.as_deref().expect("only called with checks");
         check_allocations(
             &self.alloc,
-            c.by_addr.iter().map(|(&addr, &requested)| (addr, requested)),
+            c.by_addr
+                .iter()
+                .map(|(&addr, &requested)| (addr, requested)),
         )
         .map_err(CheckError::Inconsistent)?;
         let s = self.alloc.stats();
@@ -1384,19 +1390,19 @@ pub struct Report {
 /// Runs every operation of `trace` with `setup` (checked when `checks` is given) and returns the
 /// report, or the first failure. A panic inside the allocator or the device is caught and, with
 /// checks, reported as [`CheckError::Panic`].
-pub fn run(trace: &Trace, setup: &Setup, checks: Option<Checks>) -> Result<Report, Failure> {
+pub fn run(trace: &Trace, setup: &Setup, checks: Option<Checks>) -> Result<Report, Box<Failure>> {
     let Some(checks) = checks else {
         return run_ops(Executor::new(trace, setup), trace, setup, &mut 0);
     };
     let mut index = 0;
     let exec = Executor::checked(trace, setup, checks);
     catch_panics(|| run_ops(exec, trace, setup, &mut index)).unwrap_or_else(|msg| {
-        Err(Failure {
+        Err(Box::new(Failure {
             file: trace.file.clone(),
             index,
             line: trace.ops.get(index).map_or(0, |op| op.line),
             error: ExecError::Check(CheckError::Panic(msg)),
-        })
+        }))
     })
 }
 
@@ -1407,14 +1413,16 @@ fn run_ops(
     trace: &Trace,
     setup: &Setup,
     index: &mut usize,
-) -> Result<Report, Failure> {
+) -> Result<Report, Box<Failure>> {
     for (i, op) in trace.ops.iter().enumerate() {
         *index = i;
-        exec.step(op).map_err(|error| Failure {
-            file: trace.file.clone(),
-            index: i,
-            line: op.line,
-            error,
+        exec.step(op).map_err(|error| {
+            Box::new(Failure {
+                file: trace.file.clone(),
+                index: i,
+                line: op.line,
+                error,
+            })
         })?;
     }
     Ok(exec.finish(setup))

@@ -6,6 +6,7 @@
 //!
 //! The format is documented in the repository's `docs/trace-format.md`.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod exec;
 mod op;

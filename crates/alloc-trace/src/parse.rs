@@ -204,7 +204,10 @@ impl fmt::Display for TraceErrorKind {
                 DeviceCall::ALL.map(DeviceCall::name).join(", ")
             ),
             TraceErrorKind::UnknownFault { token } => {
-                write!(f, "unknown fault `{token}`: expected `oom` or `error <code>`")
+                write!(
+                    f,
+                    "unknown fault `{token}`: expected `oom` or `error <code>`"
+                )
             }
             TraceErrorKind::BadNumber { what, token } => {
                 write!(f, "bad {what} `{token}`: expected an integer")

@@ -11,12 +11,16 @@ use crate::op::Trace;
 
 /// Replays `trace` with `setup` and returns the stats records and counts, or the operation that
 /// stopped it.
-pub fn replay(trace: &Trace, setup: &Setup) -> Result<Report, Failure> {
+pub fn replay(trace: &Trace, setup: &Setup) -> Result<Report, Box<Failure>> {
     exec::run(trace, setup, None)
 }
 
 /// Replays `trace` with every check after every operation (`replay --check`).
-pub fn replay_checked(trace: &Trace, setup: &Setup, checks: Checks) -> Result<Report, Failure> {
+pub fn replay_checked(
+    trace: &Trace,
+    setup: &Setup,
+    checks: Checks,
+) -> Result<Report, Box<Failure>> {
     exec::run(trace, setup, Some(checks))
 }
 
@@ -24,10 +28,10 @@ pub fn replay_checked(trace: &Trace, setup: &Setup, checks: Checks) -> Result<Re
 mod tests {
     use super::*;
     use crate::exec::{DEFAULT_PAD, OpCounts, StatsRecord};
+    use crate::parse::parse_str;
     use alloc_conf::AllocConf;
     use alloc_core::DeviceStats;
     use alloc_sim::DEFAULT_CAPACITY;
-    use crate::parse::parse_str;
 
     const MIB: u64 = 1 << 20;
 

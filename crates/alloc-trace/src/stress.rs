@@ -18,7 +18,9 @@ use alloc_conf::AllocConf;
 use alloc_core::{Allocator, DeviceFacts, Notice};
 use alloc_sim::SimDevice;
 
-use crate::exec::{self, CheckError, Checks, DEFAULT_PAD, ExecError, Executor, Failure, Report, Setup};
+use crate::exec::{
+    self, CheckError, Checks, DEFAULT_PAD, ExecError, Executor, Failure, Report, Setup,
+};
 use crate::op::{Op, OpKind, Trace, well_formed};
 use crate::write::to_text;
 
@@ -181,7 +183,11 @@ impl fmt::Display for StressFailure {
             "stress failure: seed {} conf {:?}, operation {} of {}: {}",
             p.seed, p.conf_text, self.op_index, p.ops, self.error
         )?;
-        writeln!(f, "reproduce: {}", p.command((self.op_index + 1).min(p.ops)))?;
+        writeln!(
+            f,
+            "reproduce: {}",
+            p.command((self.op_index + 1).min(p.ops))
+        )?;
         writeln!(
             f,
             "shrunk to {} operations (failing at operation {}: {}); replay it with \
@@ -216,7 +222,7 @@ fn same_kind(a: &ExecError, b: &ExecError) -> bool {
 pub fn run(params: &StressParams, shrink_budget: Duration) -> Result<Report, Box<StressFailure>> {
     let (trace, failure) = match generate_and_run(params) {
         Ok(report) => return Ok(report),
-        Err(failed) => failed,
+        Err(failed) => *failed,
     };
     let setup = params.setup();
     // The failing operation is the last one kept.
@@ -237,9 +243,7 @@ pub fn run(params: &StressParams, shrink_budget: Duration) -> Result<Report, Box
     let ops = shrink(prefix, shrink_budget, |candidate| {
         let candidate = well_formed(candidate.iter().cloned(), trace.id_count());
         match exec::run(&with_ops(candidate.clone()), &setup, Some(params.checks())) {
-            Err(f) if same_kind(&f.error, &failure.error) => {
-                Some(candidate[..=f.index].to_vec())
-            }
+            Err(f) if same_kind(&f.error, &failure.error) => Some(candidate[..=f.index].to_vec()),
             _ => None,
         }
     });
@@ -248,7 +252,7 @@ pub fn run(params: &StressParams, shrink_budget: Duration) -> Result<Report, Box
     // shrinker kept it (or, kept whole, as the generated run did).
     let shrunk_failure = exec::run(&shrunk, &setup, Some(params.checks()))
         .err()
-        .unwrap_or_else(|| failure.clone());
+        .map_or_else(|| failure.clone(), |f| *f);
     Err(Box::new(StressFailure {
         params: params.clone(),
         op_index: failure.index as u64,
@@ -260,7 +264,7 @@ pub fn run(params: &StressParams, shrink_budget: Duration) -> Result<Report, Box
 
 /// Generates `params.ops` operations, executing and checking each, then the final drain.
 /// Returns the report, or the trace generated up to the failing operation and the failure.
-pub fn generate_and_run(params: &StressParams) -> Result<Report, (Trace, Failure)> {
+pub fn generate_and_run(params: &StressParams) -> Result<Report, Box<(Trace, Failure)>> {
     let mut trace = params.empty_trace();
     let setup = params.setup();
     let mut index = 0;
@@ -277,27 +281,30 @@ pub fn generate_and_run(params: &StressParams) -> Result<Report, (Trace, Failure
             trace.ops.push(Op { line: 0, kind });
             index = trace.ops.len() - 1;
             let op = &trace.ops[index];
-            exec.step(op).map_err(|error| Failure {
-                file: trace.file.clone(),
-                index,
-                line: 0,
-                error,
+            exec.step(op).map_err(|error| {
+                Box::new(Failure {
+                    file: trace.file.clone(),
+                    index,
+                    line: 0,
+                    error,
+                })
             })?;
             generator.observe(&op.kind, &exec);
         }
-        Ok(exec.finish(&setup))
+        Ok::<_, Box<Failure>>(exec.finish(&setup))
     });
     match outcome {
         Ok(Ok(report)) => Ok(report),
-        Ok(Err(failure)) => Err((trace, failure)),
-        Err(msg) => Err((
-            trace.clone(),
-            Failure {
-                file: trace.file,
+        Ok(Err(failure)) => Err(Box::new((trace, *failure))),
+        Err(msg) => {
+            let file = trace.file.clone();
+            let failure = Failure {
+                file,
                 index,
                 line: 0,
                 error: ExecError::Check(CheckError::Panic(msg)),
-            },
-        )),
+            };
+            Err(Box::new((trace, failure)))
+        }
     }
 }

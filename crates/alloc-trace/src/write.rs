@@ -68,7 +68,12 @@ pub fn to_text(trace: &Trace) -> String {
     if let Some(p) = trace.pad {
         let _ = writeln!(out, "pad {p}");
     }
-    if let Some(conf) = trace.conf.as_deref().map(str::trim).filter(|c| !c.is_empty()) {
+    if let Some(conf) = trace
+        .conf
+        .as_deref()
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+    {
         let _ = writeln!(out, "conf {conf}");
     }
     for op in &trace.ops {

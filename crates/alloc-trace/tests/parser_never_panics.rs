@@ -1,7 +1,7 @@
 //! The trace parser must never panic, whatever bytes it is given.
 
-use proptest::prelude::*;
 use alloc_trace::{KEYWORDS, parse_bytes};
+use proptest::prelude::*;
 
 /// Lines built from the format's own vocabulary, so the fuzzer reaches deep into the grammar.
 fn plausible_line() -> impl Strategy<Value = String> {

@@ -50,7 +50,8 @@ fn the_same_seed_gives_the_same_run() {
 #[test]
 fn recorded_operations_replay_and_tolerate_deletions() {
     let params = StressParams::new(3, 0, "");
-    let text = "alloc a0 3145728 0\nrecord a0 1\nfree a0\nfree a0\ncomplete 1\nempty_cache\ndrain\n";
+    let text =
+        "alloc a0 3145728 0\nrecord a0 1\nfree a0\nfree a0\ncomplete 1\nempty_cache\ndrain\n";
     // As written the second free names a freed id: the script is malformed.
     let trace = parse_str("t.trace", text).unwrap();
     let setup = params.setup();
@@ -66,7 +67,10 @@ fn recorded_operations_replay_and_tolerate_deletions() {
     }
     assert_eq!(kept.ops.len(), 3, "complete, empty_cache, drain");
     let report = replay_checked(&kept, &setup, Checks::default()).unwrap();
-    assert_eq!(report.counts.empty_caches, 2, "the explicit one and the drain's");
+    assert_eq!(
+        report.counts.empty_caches, 2,
+        "the explicit one and the drain's"
+    );
     // Keeping the first free only: one alloc, one free, one device segment in and out.
     let mut once = trace.clone();
     once.ops.clear();
@@ -114,7 +118,11 @@ fn a_failure_prints_a_trace_that_reproduces_it_with_faults_and_misuse() {
     );
     let replayed = replay_checked(&trace, &params.setup(), params.checks()).unwrap_err();
     assert_eq!(replayed.index, failure.shrunk_failure.index);
-    assert_eq!(replayed.index + 1, trace.ops.len(), "it fails at its last line");
+    assert_eq!(
+        replayed.index + 1,
+        trace.ops.len(),
+        "it fails at its last line"
+    );
     assert_eq!(replayed.error, failure.shrunk_failure.error);
     // Without the switch the same trace passes.
     replay_checked(&trace, &params.setup(), Checks::default()).unwrap();

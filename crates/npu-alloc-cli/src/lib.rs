@@ -11,6 +11,7 @@
 //!
 //! Every subcommand is also `cargo xtask <subcommand>` in a checkout: xtask forwards to
 //! [`main_with`].
+#![warn(unreachable_pub)]
 
 mod conf;
 mod replay;
@@ -21,9 +22,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// The exit codes, shown under every `--help`.
+const EXIT_CODES: &str = "Exit codes: 0 success; 1 the command ran and found a problem (a \
+malformed trace, a replay that stopped, a failed check or stress run, a warning under \
+`conf --strict`); 2 a malformed command line.";
+
 /// npu-alloc: PyTorch's caching allocator for Ascend NPUs, on the command line.
 #[derive(Parser)]
-#[command(name = "npu-alloc", version)]
+#[command(name = "npu-alloc", version, after_help = EXIT_CODES)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,29 +38,40 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Replay a `.trace` file through the policy on the simulated device.
+    #[command(after_help = EXIT_CODES)]
     Replay(replay::Args),
     /// Parse an allocator config string (or the environment) and explain the result.
+    #[command(after_help = EXIT_CODES)]
     Conf(conf::Args),
     /// Random operations with device faults and misuse, every invariant checked after each.
+    #[command(after_help = EXIT_CODES)]
     Stress(stress::Args),
 }
 
 /// The subcommands, by name (for `cargo xtask`'s aliases).
 pub const SUBCOMMANDS: [&str; 3] = ["replay", "conf", "stress"];
 
+/// Parses a command line into `P`, or prints why not and returns the exit code: help and
+/// version go to stdout with success, a malformed command line exits 2. (xtask parses its own
+/// command line the same way.)
+pub fn parse_args<P: Parser>(
+    args: impl IntoIterator<Item = impl Into<OsString> + Clone>,
+) -> Result<P, ExitCode> {
+    P::try_parse_from(args).map_err(|e| {
+        let _ = e.print();
+        if e.use_stderr() {
+            ExitCode::from(2)
+        } else {
+            ExitCode::SUCCESS
+        }
+    })
+}
+
 /// Runs the tool with `args` (the first one is the program name) and returns its exit code.
 pub fn main_with(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
+    let cli: Cli = match parse_args(args) {
         Ok(cli) => cli,
-        Err(e) => {
-            // Help and version go to stdout with success; malformed command lines exit 2.
-            let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+        Err(code) => return code,
     };
     match cli.command {
         Command::Replay(args) => replay::run(args),

@@ -9,57 +9,28 @@
 
 use std::hint::black_box;
 
-use alloc_core::{Device, DeviceError, MemInfo, StreamId};
+use alloc_core::DeviceFacts;
+use alloc_sim::{SimDevice, SimStream};
+use alloc_trace::workload::{cached_allocator, hit_size};
 use criterion::{Criterion, criterion_group, criterion_main};
-use npu_runtime::{Backend, Config, Runtime};
-use testkit::workload::{cached_allocator, hit_size};
-use testkit::{Paired, SimDevice, SimError};
+use npu_runtime::{Config, Runtime};
+use testkit::Paired;
 
-/// One simulated device with unlimited memory and no pad, like `core_hit`'s allocator.
-struct SimBackend;
-
-impl Backend for SimBackend {
-    type Device = SimDevice;
-    type Error = SimError;
-    type Stream = u64;
-
-    fn device_count(&self) -> u32 {
-        1
-    }
-    fn open(&self, _index: u32) -> Result<SimDevice, SimError> {
-        Ok(SimDevice::new(u64::MAX / 2))
-    }
-    fn stream_id(stream: u64) -> StreamId {
-        StreamId(stream)
-    }
-    fn raw_malloc(&self, _index: u32, bytes: u64) -> Result<u64, DeviceError<SimError>> {
-        SimDevice::new(u64::MAX / 2).malloc(bytes)
-    }
-    fn raw_free(&self, _index: u32, _addr: u64, _bytes: u64) -> Result<(), SimError> {
-        Ok(())
-    }
-    fn synchronize(&self, _index: u32) -> Result<(), SimError> {
-        Ok(())
-    }
-    fn mem_get_info(&self, _index: u32) -> Result<MemInfo, SimError> {
-        Ok(MemInfo {
-            free: u64::MAX / 2,
-            total: u64::MAX / 2,
-        })
-    }
-    fn pad(&self) -> u64 {
-        0
-    }
-}
+const S0: SimStream = SimStream(0);
 
 fn runtime_hit(c: &mut Criterion) {
     let (mut core, _live) = cached_allocator(16);
-    let rt = Runtime::new(SimBackend, Config::default());
+    // One simulated device with unlimited memory and no pad, like `core_hit`'s allocator.
+    let rt = Runtime::new(
+        1,
+        |i| Ok((SimDevice::new(u64::MAX / 2), DeviceFacts::cuda_parity(i))),
+        Config::default(),
+    );
     // The population of `core_hit/16`: 16 free blocks, each between two live ones.
     let mut live = Vec::new();
     for j in 0..16 {
-        live.push(rt.malloc(hit_size(j), 0, 0).unwrap());
-        let hole = rt.malloc(hit_size(j), 0, 0).unwrap();
+        live.push(rt.malloc(hit_size(j), 0, S0).unwrap());
+        let hole = rt.malloc(hit_size(j), 0, S0).unwrap();
         rt.free(hole).unwrap();
     }
     let mut pair = Paired::new("runtime_hit", "core_hit/16");
@@ -68,13 +39,11 @@ fn runtime_hit(c: &mut Criterion) {
             pair.run(
                 iters,
                 |i| {
-                    let p = rt.malloc(black_box(hit_size(i as usize)), 0, 0).unwrap();
+                    let p = rt.malloc(black_box(hit_size(i as usize)), 0, S0).unwrap();
                     rt.free(black_box(p)).unwrap();
                 },
                 |i| {
-                    let p = core
-                        .malloc(black_box(hit_size(i as usize)), StreamId(0))
-                        .unwrap();
+                    let p = core.malloc(black_box(hit_size(i as usize)), S0).unwrap();
                     core.free(black_box(p)).unwrap();
                 },
             )

@@ -1,4 +1,4 @@
-//! The ACL backend: `alloc-core`'s [`Device`] over a loaded `libascendcl` ([`acl_sys::Lib`]).
+//! The ACL device: `alloc-core`'s [`Device`] over a loaded `libascendcl` ([`acl_sys::Lib`]).
 //!
 //! - Memory calls act on the calling thread's current device (ascend-acl.md §1.1), so every
 //!   call first binds the device with `aclrtSetDevice`, once per thread and device: the binding
@@ -18,31 +18,90 @@
 use std::cell::Cell;
 use std::path::Path;
 
-use acl_sys::{AclError, DevicePtr, Event, EventFlags, Lib, MemAttr, MemMallocPolicy, Stream};
-use alloc_core::{Device, DeviceError, MemInfo, StreamId};
+use acl_sys::{AclError, DevicePtr, Event, EventFlags, Lib, MemAttr, MemMallocPolicy};
+use alloc_core::{Device, DeviceError, DeviceFacts, MemInfo};
 
-use crate::backend::Backend;
+use crate::api::{NpuAllocator, Runtime};
+use crate::config::Config;
 use crate::sync::Arc;
 use crate::sync::global::{AtomicU64, Ordering};
 
 thread_local! {
-    /// The (backend id, device) this thread last bound with `aclrtSetDevice`.
+    /// The (platform id, device) this thread last bound with `aclrtSetDevice`.
     static BOUND: Cell<Option<(u64, u32)>> = const { Cell::new(None) };
 }
 
-/// The ACL runtime as a [`Backend`]: a loaded library shared by every device's allocator.
+/// An ACL stream as the runtime takes it: the default stream, or a handle the caller got from ACL
+/// (an [`acl_sys::Stream`], whose constructor is where the `unsafe` promise is made). The
+/// runtime only compares it and passes it back to ACL, so no integer ever becomes a stream.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Stream(acl_sys::Stream);
+
+impl Stream {
+    /// The default stream of the thread's current device (a null `aclrtStream`).
+    pub const DEFAULT: Stream = Stream(acl_sys::Stream::DEFAULT);
+
+    /// Wraps a stream created elsewhere (e.g. by torch_npu, handed over as an integer).
+    ///
+    /// # Safety
+    /// `raw` must be null or a live `aclrtStream` of the library it will be used with, for as
+    /// long as this value or a copy of it is used, including by the allocator: a block recorded
+    /// on the stream (`record_stream`) gets an event recorded on it when it is freed.
+    pub unsafe fn from_raw(raw: *mut core::ffi::c_void) -> Self {
+        // SAFETY: forwarded to the caller.
+        Stream(unsafe { acl_sys::Stream::from_raw(raw) })
+    }
+
+    /// The handle value.
+    pub fn as_raw(self) -> *mut core::ffi::c_void {
+        self.0.as_raw()
+    }
+}
+
+impl From<acl_sys::Stream> for Stream {
+    fn from(stream: acl_sys::Stream) -> Self {
+        Stream(stream)
+    }
+}
+
+impl PartialOrd for Stream {
+    fn partial_cmp(&self, other: &Self) -> Option<core::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Stream {
+    fn cmp(&self, other: &Self) -> core::cmp::Ordering {
+        (self.as_raw() as usize).cmp(&(other.as_raw() as usize))
+    }
+}
+
+impl std::fmt::Debug for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl alloc_core::Stream for Stream {
+    fn number(self) -> u64 {
+        self.as_raw() as usize as u64
+    }
+}
+
+/// The ACL runtime: a loaded, initialised library and its devices, shared by every device's
+/// allocator.
 #[derive(Clone)]
-pub struct AclBackend {
+pub struct AclPlatform {
     lib: Arc<Lib>,
-    /// Distinguishes backends in the per-thread binding cache (libraries can be reloaded).
+    /// Distinguishes platforms in the per-thread binding cache (libraries can be reloaded).
     id: u64,
     align32: bool,
     device_count: u32,
 }
 
-impl std::fmt::Debug for AclBackend {
+impl std::fmt::Debug for AclPlatform {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AclBackend")
+        f.debug_struct("AclPlatform")
             .field("lib", &self.lib)
             .field("align32", &self.align32)
             .field("device_count", &self.device_count)
@@ -50,13 +109,13 @@ impl std::fmt::Debug for AclBackend {
     }
 }
 
-impl AclBackend {
+impl AclPlatform {
     /// Initialises ACL (`aclInit`; already initialised is fine) and counts the devices.
-    pub fn new(lib: Lib) -> Result<AclBackend, AclError> {
+    pub fn new(lib: Lib) -> Result<AclPlatform, AclError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         lib.init(None)?;
         let device_count = lib.device_count()?;
-        Ok(AclBackend {
+        Ok(AclPlatform {
             align32: lib.has_malloc_align32(),
             lib: Arc::new(lib),
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
@@ -65,14 +124,50 @@ impl AclBackend {
     }
 
     /// Loads the library at `path` ([`Lib::load`]) and initialises it.
-    pub fn load(path: impl AsRef<Path>) -> Result<AclBackend, AclError> {
-        AclBackend::new(Lib::load(path)?)
+    pub fn load(path: impl AsRef<Path>) -> Result<AclPlatform, AclError> {
+        AclPlatform::new(Lib::load(path)?)
     }
 
     /// Searches for the library ([`Lib::search`]: `explicit`, `$NPU_ALLOC_ACL_LIB`, the CANN
     /// install locations, the system loader) and initialises it.
-    pub fn search(explicit: Option<&Path>) -> Result<AclBackend, AclError> {
-        AclBackend::new(Lib::search(explicit)?)
+    pub fn search(explicit: Option<&Path>) -> Result<AclPlatform, AclError> {
+        AclPlatform::new(Lib::search(explicit)?)
+    }
+
+    /// Number of devices.
+    pub fn device_count(&self) -> u32 {
+        self.device_count
+    }
+
+    /// Opens device `index` for its allocator (binding it to the calling thread).
+    pub fn open(&self, index: u32) -> Result<AclDevice, AclError> {
+        self.bind(index)?;
+        Ok(AclDevice {
+            platform: self.clone(),
+            index,
+            pool: Vec::new(),
+        })
+    }
+
+    /// Bytes added to every request before rounding (torch_npu's pad, 32 on today's parts).
+    pub fn pad(&self) -> u64 {
+        32
+    }
+
+    /// A runtime over every device of this library with `config`.
+    pub fn runtime(self, config: Config) -> NpuAllocator {
+        let count = self.device_count;
+        Runtime::new(
+            count,
+            move |index| {
+                let facts = DeviceFacts {
+                    pad: self.pad(),
+                    ..DeviceFacts::npu(index)
+                };
+                Ok((self.open(index)?, facts))
+            },
+            config,
+        )
     }
 
     /// The loaded library.
@@ -104,67 +199,9 @@ fn device_ptr(addr: u64) -> Result<DevicePtr, AclError> {
     })
 }
 
-impl Backend for AclBackend {
-    type Device = AclDevice;
-    type Error = AclError;
-    type Stream = Stream;
-
-    fn device_count(&self) -> u32 {
-        self.device_count
-    }
-
-    fn open(&self, index: u32) -> Result<AclDevice, AclError> {
-        self.bind(index)?;
-        Ok(AclDevice {
-            backend: self.clone(),
-            index,
-            pool: Vec::new(),
-        })
-    }
-
-    fn stream_id(stream: Stream) -> StreamId {
-        StreamId(stream.as_raw() as usize as u64)
-    }
-
-    fn raw_malloc(&self, index: u32, bytes: u64) -> Result<u64, DeviceError<AclError>> {
-        self.bind(index).map_err(DeviceError::Other)?;
-        let size = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
-        let policy = MemMallocPolicy::HUGE_FIRST;
-        let result = if self.align32 {
-            self.lib.malloc_align32(size, policy)
-        } else {
-            self.lib.malloc(size, policy)
-        };
-        match result {
-            Ok(ptr) => Ok(ptr.addr()),
-            Err(e) if e.is_out_of_memory() => Err(DeviceError::OutOfMemory),
-            Err(e) => Err(DeviceError::Other(e)),
-        }
-    }
-
-    fn raw_free(&self, index: u32, addr: u64, _bytes: u64) -> Result<(), AclError> {
-        self.bind(index)?;
-        self.lib.free(device_ptr(addr)?)
-    }
-
-    fn synchronize(&self, index: u32) -> Result<(), AclError> {
-        self.bind(index)?;
-        self.lib.synchronize_device()
-    }
-
-    fn mem_get_info(&self, index: u32) -> Result<MemInfo, AclError> {
-        self.bind(index)?;
-        let (free, total) = self.lib.get_mem_info(MemAttr::HBM_MEM)?;
-        Ok(MemInfo {
-            free: free as u64,
-            total: total as u64,
-        })
-    }
-}
-
-/// One ACL device as `alloc-core` drives it: the backend, the device index and its event pool.
+/// One ACL device as `alloc-core` drives it: the platform, the device index and its event pool.
 pub struct AclDevice {
-    backend: AclBackend,
+    platform: AclPlatform,
     index: u32,
     /// Completed events, ready to be recorded again.
     pool: Vec<Event>,
@@ -187,33 +224,49 @@ impl AclDevice {
 }
 
 impl Device for AclDevice {
+    type Stream = Stream;
     type Event = Event;
     type Error = AclError;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<AclError>> {
-        self.backend.raw_malloc(self.index, bytes)
+        let p = &self.platform;
+        p.bind(self.index).map_err(DeviceError::Other)?;
+        let size = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
+        let policy = MemMallocPolicy::HUGE_FIRST;
+        let result = if p.align32 {
+            p.lib.malloc_align32(size, policy)
+        } else {
+            p.lib.malloc(size, policy)
+        };
+        match result {
+            Ok(ptr) => Ok(ptr.addr()),
+            Err(e) if e.is_out_of_memory() => Err(DeviceError::OutOfMemory),
+            Err(e) => Err(DeviceError::Other(e)),
+        }
     }
 
-    fn free(&mut self, addr: u64, bytes: u64) -> Result<(), AclError> {
-        self.backend.raw_free(self.index, addr, bytes)
+    fn free(&mut self, addr: u64, _bytes: u64) -> Result<(), AclError> {
+        self.platform.bind(self.index)?;
+        self.platform.lib.free(device_ptr(addr)?)
     }
 
-    fn mem_info(&mut self) -> Option<MemInfo> {
-        self.backend.mem_get_info(self.index).ok()
+    fn mem_info(&mut self) -> Result<MemInfo, AclError> {
+        self.platform.bind(self.index)?;
+        let (free, total) = self.platform.lib.get_mem_info(MemAttr::HBM_MEM)?;
+        Ok(MemInfo {
+            free: free as u64,
+            total: total as u64,
+        })
     }
 
-    fn record_event(&mut self, stream: StreamId) -> Result<Event, AclError> {
-        self.backend.bind(self.index)?;
-        let lib = &self.backend.lib;
+    fn record_event(&mut self, stream: Stream) -> Result<Event, AclError> {
+        self.platform.bind(self.index)?;
+        let lib = &self.platform.lib;
         let event = match self.pool.pop() {
             Some(event) => event,
             None => lib.create_event(EventFlags::CAPTURE_STREAM_PROGRESS)?,
         };
-        // SAFETY: every `StreamId` this device sees comes from `AclBackend::stream_id` of an
-        // `acl_sys::Stream` passed to the runtime's API (the allocator is private to it), so it
-        // is null or a live stream by `Stream`'s own contract.
-        let stream = unsafe { Stream::from_raw(stream.0 as usize as *mut core::ffi::c_void) };
-        match lib.record_event(&event, stream) {
+        match lib.record_event(&event, stream.0) {
             Ok(()) => Ok(event),
             Err(e) => {
                 self.pool.push(event);
@@ -223,7 +276,7 @@ impl Device for AclDevice {
     }
 
     fn event_done(&mut self, event: &Event) -> Result<bool, AclError> {
-        self.backend.lib.query_event_status(event)
+        self.platform.lib.query_event_status(event)
     }
 
     fn release_event(&mut self, event: Event) {
@@ -231,16 +284,30 @@ impl Device for AclDevice {
     }
 
     fn synchronize(&mut self) -> Result<(), AclError> {
-        self.backend.synchronize(self.index)
+        self.platform.bind(self.index)?;
+        self.platform.lib.synchronize_device()
     }
 }
 
 impl Drop for AclDevice {
     fn drop(&mut self) {
         for event in self.pool.drain(..) {
-            if let Err(e) = self.backend.lib.destroy_event(event) {
+            if let Err(e) = self.platform.lib.destroy_event(event) {
                 log::warn!("NPU {}: destroying a pooled event failed: {e}", self.index);
             }
         }
+    }
+}
+
+impl NpuAllocator {
+    /// The library found by the search path (`$NPU_ALLOC_ACL_LIB`, the CANN install
+    /// locations, the system loader) with the environment's configuration.
+    pub fn from_env() -> Result<NpuAllocator, AclError> {
+        Ok(AclPlatform::search(None)?.runtime(Config::from_env()))
+    }
+
+    /// The library at `path` with an explicit configuration.
+    pub fn with_library(path: impl AsRef<Path>, config: Config) -> Result<NpuAllocator, AclError> {
+        Ok(AclPlatform::load(path)?.runtime(config))
     }
 }

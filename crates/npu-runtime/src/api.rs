@@ -7,15 +7,14 @@
 //! pointer's device by the address spans of `route`. OOM observers run with no lock held, so
 //! they may allocate or free.
 
-use std::path::Path;
-
 use acl_sys::AclError;
-use alloc_core::{DeviceStats, GcStatus, OutOfMemory, SegmentInfo};
+use alloc_core::{
+    AllocError, Device, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, SegmentInfo,
+};
 
-use crate::acl_device::AclBackend;
-use crate::backend::Backend;
+use crate::acl_device::AclDevice;
 use crate::config::Config;
-use crate::device_allocator::DeviceAllocator;
+use crate::device_allocator::{DeviceAllocator, Shared};
 use crate::error::RuntimeError;
 use crate::no_caching::Uncached;
 use crate::route::Span;
@@ -23,7 +22,14 @@ use crate::summary;
 use crate::sync::{Arc, Mutex, OnceSlot};
 
 /// The runtime over ACL: what a program uses.
-pub type NpuAllocator = Runtime<AclBackend>;
+pub type NpuAllocator = Runtime<AclDevice>;
+
+/// Opens device `index`: the device as the policy drives it, and the facts the policy needs
+/// about it (its index, the pad, the flavour).
+pub type Opener<D> = dyn Fn(u32) -> core::result::Result<(D, DeviceFacts), <D as Device>::Error>
+    + Send
+    + Sync
+    + 'static;
 
 /// A function told about each out-of-memory error, after the allocator's lock is released
 /// (torch's `attachOutOfMemoryObserver`).
@@ -35,59 +41,55 @@ pub type Result<T, E = AclError> = core::result::Result<T, RuntimeError<E>>;
 /// One device: a caching allocator, or none (`PYTORCH_NO_NPU_MEMORY_CACHING=1`).
 // Built once per device and kept in its slot for the runtime's life: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
-enum Entry<B: Backend> {
-    Caching(DeviceAllocator<B>),
-    Uncached(Uncached<B>),
+enum Entry<D: Device> {
+    Caching(DeviceAllocator<D>),
+    Uncached(Uncached<D>),
 }
 
-/// The first answer of `op` over `entries` other than "not mine" ([`RuntimeError::InvalidPointer`]).
-fn first_answer<'a, B: Backend + 'a>(
-    entries: impl Iterator<Item = &'a Entry<B>>,
-    op: &impl Fn(&Entry<B>) -> Result<(), B::Error>,
-) -> Option<Result<(), B::Error>> {
-    entries
-        .map(op)
-        .find(|answer| !matches!(answer, Err(RuntimeError::InvalidPointer { .. })))
+/// Whether `answer` is a device's "not mine": a pointer it never returned.
+fn foreign<E>(answer: &Result<(), E>) -> bool {
+    matches!(
+        answer,
+        Err(RuntimeError::Free(FreeError::ForeignPointer { .. }))
+    )
+}
+
+/// The first answer of `op` over `entries` other than "not mine".
+fn first_answer<'a, D: Device + 'a>(
+    entries: impl Iterator<Item = &'a Entry<D>>,
+    op: &impl Fn(&Entry<D>) -> Result<(), D::Error>,
+) -> Option<Result<(), D::Error>> {
+    entries.map(op).find(|answer| !foreign(answer))
 }
 
 /// One device's slot in the runtime: its allocator once opened, and the addresses it returned.
-struct Slot<B: Backend> {
+struct Slot<D: Device> {
     /// Filled on first use and read without a lock afterwards.
-    entry: OnceSlot<Entry<B>>,
+    entry: OnceSlot<(Shared<D>, Entry<D>)>,
     /// Where its allocations lie, so `free` can find it.
     span: Span,
 }
 
-/// The caching allocator of every device of a [`Backend`], with torch's API.
-pub struct Runtime<B: Backend> {
-    backend: Arc<B>,
+/// The caching allocator of every device of one kind (`D`), with torch's API.
+pub struct Runtime<D: Device> {
+    open: Box<Opener<D>>,
     config: Config,
-    devices: Vec<Slot<B>>,
+    devices: Vec<Slot<D>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
 }
 
-impl NpuAllocator {
-    /// The library found by the search path (`$NPU_ALLOC_ACL_LIB`, the CANN install
-    /// locations, the system loader) with the environment's configuration.
-    pub fn from_env() -> core::result::Result<NpuAllocator, AclError> {
-        Ok(Runtime::new(AclBackend::search(None)?, Config::from_env()))
-    }
-
-    /// The library at `path` with an explicit configuration.
-    pub fn with_library(
-        path: impl AsRef<Path>,
+impl<D> Runtime<D>
+where
+    D: Device<Stream: Send + Sync, Event: Send, Error: Send> + Send + 'static,
+{
+    /// A runtime over `count` devices, each opened by `open` on first use, with `config`.
+    pub fn new(
+        count: u32,
+        open: impl Fn(u32) -> core::result::Result<(D, DeviceFacts), D::Error> + Send + Sync + 'static,
         config: Config,
-    ) -> core::result::Result<NpuAllocator, AclError> {
-        Ok(Runtime::new(AclBackend::load(path)?, config))
-    }
-}
-
-impl<B: Backend> Runtime<B> {
-    /// A runtime over `backend` with `config`; no device is opened yet.
-    pub fn new(backend: B, config: Config) -> Self {
-        let count = backend.device_count() as usize;
+    ) -> Self {
         Runtime {
-            backend: Arc::new(backend),
+            open: Box::new(open),
             config,
             devices: (0..count)
                 .map(|_| Slot {
@@ -99,60 +101,70 @@ impl<B: Backend> Runtime<B> {
         }
     }
 
-    /// The backend.
-    pub fn backend(&self) -> &B {
-        &self.backend
-    }
-
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.config
     }
 
-    /// Number of devices.
+    /// Number of devices (fixed when the runtime was built).
     pub fn device_count(&self) -> u32 {
-        self.backend.device_count()
+        self.devices.len() as u32
     }
 
-    fn check_device(&self, device: u32) -> Result<(), B::Error> {
-        let count = self.device_count();
-        if device < count {
-            Ok(())
-        } else {
-            Err(RuntimeError::InvalidDevice { device, count })
-        }
-    }
-
-    /// Device `device`'s allocator, opened on first use.
-    fn entry(&self, device: u32) -> Result<&Entry<B>, B::Error> {
-        self.check_device(device)?;
-        self.devices[device as usize].entry.get_or_try_init(|| {
-            let backend = self.backend.clone();
-            Ok(if self.config.caching {
-                Entry::Caching(DeviceAllocator::new(backend, device, &self.config.alloc)?)
-            } else {
-                Entry::Uncached(Uncached::new(backend, device))
+    /// Device `device`'s slot, or why the index is wrong.
+    fn slot(&self, device: u32) -> Result<&Slot<D>, D::Error> {
+        self.devices
+            .get(device as usize)
+            .ok_or(RuntimeError::InvalidDevice {
+                device,
+                count: self.device_count(),
             })
+    }
+
+    /// Device `device` and its allocator, opened on first use.
+    fn opened_or_open(&self, device: u32) -> Result<&(Shared<D>, Entry<D>), D::Error> {
+        self.slot(device)?.entry.get_or_try_init(|| {
+            let (dev, facts) = (self.open)(device).map_err(RuntimeError::Device)?;
+            let dev = Shared::new(dev);
+            let entry = if self.config.caching {
+                Entry::Caching(DeviceAllocator::new(dev.clone(), facts, &self.config.alloc))
+            } else {
+                Entry::Uncached(Uncached::new(dev.clone(), facts.index, facts.pad))
+            };
+            Ok((dev, entry))
         })
     }
 
+    /// Device `device`'s allocator, opened on first use.
+    fn entry(&self, device: u32) -> Result<&Entry<D>, D::Error> {
+        Ok(&self.opened_or_open(device)?.1)
+    }
+
     /// Device `device`'s allocator if it was opened.
-    fn opened(&self, device: u32) -> Result<Option<&Entry<B>>, B::Error> {
-        self.check_device(device)?;
-        Ok(self.devices[device as usize].entry.get())
+    fn opened(&self, device: u32) -> Result<Option<&Entry<D>>, D::Error> {
+        Ok(self.slot(device)?.entry.get().map(|(_, e)| e))
     }
 
     /// Every opened device.
-    fn opened_all(&self) -> impl Iterator<Item = &Entry<B>> {
-        self.devices.iter().filter_map(|slot| slot.entry.get())
+    fn opened_all(&self) -> impl Iterator<Item = &Entry<D>> {
+        self.devices
+            .iter()
+            .filter_map(|slot| slot.entry.get().map(|(_, e)| e))
+    }
+
+    /// Runs `f` on device `device` (opened on first use) under its lock: the embedder's own
+    /// calls on the device (tests complete simulated events this way).
+    pub fn with_device<R>(&self, device: u32, f: impl FnOnce(&mut D) -> R) -> Result<R, D::Error> {
+        let (dev, _) = self.opened_or_open(device)?;
+        Ok(f(&mut dev.lock()))
     }
 
     /// `malloc(size, device, stream)`: `size` bytes on `device` for use on `stream`; 0 for a
     /// zero-size request. Out of memory calls the observers, then returns the error.
-    pub fn malloc(&self, size: u64, device: u32, stream: B::Stream) -> Result<u64, B::Error> {
+    pub fn malloc(&self, size: u64, device: u32, stream: D::Stream) -> Result<u64, D::Error> {
         let entry = self.entry(device)?;
         let result = match entry {
-            Entry::Caching(a) => a.malloc(size, B::stream_id(stream)),
+            Entry::Caching(a) => a.malloc(size, stream),
             Entry::Uncached(u) => u.malloc(size),
         };
         match result {
@@ -161,21 +173,21 @@ impl<B: Backend> Runtime<B> {
                 self.devices[device as usize].span.note(addr);
                 Ok(addr)
             }
-            Err(RuntimeError::OutOfMemory(oom)) => {
+            Err(RuntimeError::Alloc(AllocError::OutOfMemory(oom))) => {
                 let observers = self.observers.lock().clone();
                 for observer in observers {
                     observer(&oom);
                 }
-                Err(RuntimeError::OutOfMemory(oom))
+                Err(AllocError::OutOfMemory(oom).into())
             }
             Err(e) => Err(e),
         }
     }
 
     /// `free(addr)`: returns an allocation (0 is a no-op). An address no device knows is
-    /// [`RuntimeError::InvalidPointer`], one inside a segment that is not a live allocation
-    /// [`RuntimeError::NotAllocated`]; on any error the allocation stays live.
-    pub fn free(&self, addr: u64) -> Result<(), B::Error> {
+    /// [`FreeError::ForeignPointer`], one inside a segment that is not a live allocation
+    /// [`FreeError::NotAllocated`]; on any error the allocation stays live.
+    pub fn free(&self, addr: u64) -> Result<(), D::Error> {
         if addr == 0 {
             return Ok(());
         }
@@ -187,19 +199,19 @@ impl<B: Backend> Runtime<B> {
 
     /// `record_stream(addr, stream)`: the allocation is also used on `stream`, so its memory
     /// is reused only after the work queued there when it is freed has completed.
-    pub fn record_stream(&self, addr: u64, stream: B::Stream) -> Result<(), B::Error> {
+    pub fn record_stream(&self, addr: u64, stream: D::Stream) -> Result<(), D::Error> {
         if addr == 0 {
             return Ok(());
         }
         self.route(addr, |entry| match entry {
-            Entry::Caching(a) => a.record_stream(addr, B::stream_id(stream)),
+            Entry::Caching(a) => a.record_stream(addr, stream),
             Entry::Uncached(u) if u.contains(addr) => Ok(()),
-            Entry::Uncached(_) => Err(RuntimeError::InvalidPointer { addr }),
+            Entry::Uncached(_) => Err(FreeError::ForeignPointer { addr }.into()),
         })
     }
 
     /// Runs `op` on the device that owns `addr`, until a device answers something other than
-    /// [`RuntimeError::InvalidPointer`]: first each opened device whose span holds `addr` (the
+    /// [`FreeError::ForeignPointer`]: first each opened device whose span holds `addr` (the
     /// fast path, no lock but the owner's), then, if none did, every device, each read under its
     /// creation lock. The second pass catches an owner whose span or opening this thread had
     /// not seen yet (a pointer handed over with only relaxed atomics carries no ordering), and
@@ -208,10 +220,11 @@ impl<B: Backend> Runtime<B> {
     fn route(
         &self,
         addr: u64,
-        op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
-    ) -> Result<(), B::Error> {
+        op: impl Fn(&Entry<D>) -> Result<(), D::Error>,
+    ) -> Result<(), D::Error> {
         let candidates = self.devices.iter().filter(|slot| slot.span.may_hold(addr));
-        match first_answer(candidates.filter_map(|slot| slot.entry.get()), &op) {
+        let opened = candidates.filter_map(|slot| slot.entry.get().map(|(_, e)| e));
+        match first_answer(opened, &op) {
             Some(answer) => answer,
             None => self.route_slow(addr, op),
         }
@@ -223,18 +236,18 @@ impl<B: Backend> Runtime<B> {
     fn route_slow(
         &self,
         addr: u64,
-        op: impl Fn(&Entry<B>) -> Result<(), B::Error>,
-    ) -> Result<(), B::Error> {
+        op: impl Fn(&Entry<D>) -> Result<(), D::Error>,
+    ) -> Result<(), D::Error> {
         let opened = self
             .devices
             .iter()
-            .filter_map(|slot| slot.entry.get_synchronized());
-        first_answer(opened, &op).unwrap_or(Err(RuntimeError::InvalidPointer { addr }))
+            .filter_map(|slot| slot.entry.get_synchronized().map(|(_, e)| e));
+        first_answer(opened, &op).unwrap_or(Err(FreeError::ForeignPointer { addr }.into()))
     }
 
     /// `empty_cache()`: on every opened device, synchronize and give every whole cached
     /// segment back. Returns the first error after trying every device.
-    pub fn empty_cache(&self) -> Result<(), B::Error> {
+    pub fn empty_cache(&self) -> Result<(), D::Error> {
         let mut result = Ok(());
         for entry in self.opened_all() {
             if let Entry::Caching(a) = entry {
@@ -248,7 +261,7 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// Polls `device`'s event queues: blocks whose recorded streams finished become reusable.
-    pub fn process_events(&self, device: u32) -> Result<(), B::Error> {
+    pub fn process_events(&self, device: u32) -> Result<(), D::Error> {
         match self.opened(device)? {
             Some(Entry::Caching(a)) => a.process_events(),
             _ => Ok(()),
@@ -256,7 +269,7 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// Every statistic of `device` (zeros for a device not used yet, or without caching).
-    pub fn device_stats(&self, device: u32) -> Result<DeviceStats, B::Error> {
+    pub fn device_stats(&self, device: u32) -> Result<DeviceStats, D::Error> {
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.stats(),
             _ => DeviceStats {
@@ -267,32 +280,32 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// `memory_stats(device)`: torch's flat keys (`allocated_bytes.all.current`, ...), sorted.
-    pub fn memory_stats(&self, device: u32) -> Result<Vec<(String, i64)>, B::Error> {
+    pub fn memory_stats(&self, device: u32) -> Result<Vec<(String, i64)>, D::Error> {
         Ok(self.device_stats(device)?.flat())
     }
 
     /// `memory_allocated(device)`: bytes of live allocations (rounded sizes).
-    pub fn memory_allocated(&self, device: u32) -> Result<u64, B::Error> {
+    pub fn memory_allocated(&self, device: u32) -> Result<u64, D::Error> {
         Ok(self.device_stats(device)?.allocated_bytes.all.current as u64)
     }
 
     /// `max_memory_allocated(device)`: the peak of [`Runtime::memory_allocated`].
-    pub fn max_memory_allocated(&self, device: u32) -> Result<u64, B::Error> {
+    pub fn max_memory_allocated(&self, device: u32) -> Result<u64, D::Error> {
         Ok(self.device_stats(device)?.allocated_bytes.all.peak as u64)
     }
 
     /// `memory_reserved(device)`: bytes of all segments.
-    pub fn memory_reserved(&self, device: u32) -> Result<u64, B::Error> {
+    pub fn memory_reserved(&self, device: u32) -> Result<u64, D::Error> {
         Ok(self.device_stats(device)?.reserved_bytes.all.current as u64)
     }
 
     /// `max_memory_reserved(device)`: the peak of [`Runtime::memory_reserved`].
-    pub fn max_memory_reserved(&self, device: u32) -> Result<u64, B::Error> {
+    pub fn max_memory_reserved(&self, device: u32) -> Result<u64, D::Error> {
         Ok(self.device_stats(device)?.reserved_bytes.all.peak as u64)
     }
 
     /// `reset_peak_memory_stats(device)`.
-    pub fn reset_peak_memory_stats(&self, device: u32) -> Result<(), B::Error> {
+    pub fn reset_peak_memory_stats(&self, device: u32) -> Result<(), D::Error> {
         if let Some(Entry::Caching(a)) = self.opened(device)? {
             a.reset_peak();
         }
@@ -300,7 +313,7 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// `reset_accumulated_memory_stats(device)`.
-    pub fn reset_accumulated_memory_stats(&self, device: u32) -> Result<(), B::Error> {
+    pub fn reset_accumulated_memory_stats(&self, device: u32) -> Result<(), D::Error> {
         if let Some(Entry::Caching(a)) = self.opened(device)? {
             a.reset_accumulated();
         }
@@ -314,11 +327,9 @@ impl<B: Backend> Runtime<B> {
         &self,
         fraction: f64,
         device: u32,
-    ) -> Result<(), B::Error> {
+    ) -> Result<(), D::Error> {
         if !(0.0..=1.0).contains(&fraction) {
-            return Err(RuntimeError::Fraction(
-                alloc_core::FractionError::OutOfRange(fraction),
-            ));
+            return Err(alloc_core::FractionError::OutOfRange(fraction).into());
         }
         match self.entry(device)? {
             Entry::Caching(a) => a.set_fraction(fraction),
@@ -327,7 +338,7 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// `get_per_process_memory_fraction(device)`: 1.0 when unlimited.
-    pub fn get_per_process_memory_fraction(&self, device: u32) -> Result<f64, B::Error> {
+    pub fn get_per_process_memory_fraction(&self, device: u32) -> Result<f64, D::Error> {
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.fraction(),
             Some(Entry::Uncached(_)) => 1.0,
@@ -336,23 +347,21 @@ impl<B: Backend> Runtime<B> {
     }
 
     /// `mem_get_info(device)`: (free, total) bytes as the device reports them.
-    pub fn mem_get_info(&self, device: u32) -> Result<(u64, u64), B::Error> {
-        self.check_device(device)?;
+    pub fn mem_get_info(&self, device: u32) -> Result<(u64, u64), D::Error> {
         let info = self
-            .backend
-            .mem_get_info(device)
+            .with_device(device, |d| d.mem_info())?
             .map_err(RuntimeError::Device)?;
         Ok((info.free, info.total))
     }
 
     /// `memory_summary(device, abbreviated)`: torch's table of the device's stats.
-    pub fn memory_summary(&self, device: u32, abbreviated: bool) -> Result<String, B::Error> {
+    pub fn memory_summary(&self, device: u32, abbreviated: bool) -> Result<String, D::Error> {
         let stats = self.device_stats(device)?;
         Ok(summary::memory_summary(device, &stats, abbreviated))
     }
 
     /// `memory_snapshot()` of `device`: its segments and blocks in address order.
-    pub fn memory_snapshot(&self, device: u32) -> Result<Vec<SegmentInfo>, B::Error> {
+    pub fn memory_snapshot(&self, device: u32) -> Result<Vec<SegmentInfo<D::Stream>>, D::Error> {
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.snapshot(),
             _ => Vec::new(),
@@ -361,7 +370,7 @@ impl<B: Backend> Runtime<B> {
 
     /// Whether and how garbage collection runs on `device` (`Off` until it is opened, and
     /// without caching).
-    pub fn gc_status(&self, device: u32) -> Result<GcStatus, B::Error> {
+    pub fn gc_status(&self, device: u32) -> Result<GcStatus, D::Error> {
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.gc_status(),
             _ => GcStatus::Off,
@@ -378,7 +387,7 @@ impl<B: Backend> Runtime<B> {
     }
 }
 
-impl<B: Backend> std::fmt::Debug for Runtime<B> {
+impl<D: Device> std::fmt::Debug for Runtime<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let opened: Vec<usize> = self
             .devices
@@ -387,7 +396,7 @@ impl<B: Backend> std::fmt::Debug for Runtime<B> {
             .filter_map(|(i, d)| d.entry.get().map(|_| i))
             .collect();
         f.debug_struct("Runtime")
-            .field("device_count", &self.device_count())
+            .field("device_count", &self.devices.len())
             .field("opened", &opened)
             .field("config", &self.config)
             .finish()

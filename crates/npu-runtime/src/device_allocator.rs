@@ -1,71 +1,96 @@
 //! One device's caching allocator behind its lock: `alloc-core`'s [`Allocator`] in a
 //! [`Mutex`], plus `release_lock_on_npumalloc`.
 //!
-//! With `release_lock_on_npumalloc:True` a malloc that needs a device segment runs as
-//! `alloc-core`'s resumable steps: [`Allocator::begin_malloc`] stops at the device malloc, the
-//! runtime unlocks, allocates the segment with [`Backend::raw_malloc`], relocks and
-//! [`Allocator::resume_malloc`]s, for every device malloc of the call, as torch_npu drops its
-//! mutex around each `aclrtMalloc`. Other threads use the cache meanwhile.
+//! The device itself sits behind a lock of its own ([`Shared`]), which the allocator takes for
+//! each device call: that is what lets a malloc run the device's `malloc` with the allocator's
+//! lock released. With `release_lock_on_npumalloc:True` a malloc that needs a device segment
+//! runs as `alloc-core`'s resumable steps: [`Allocator::begin_malloc`] stops at the device
+//! malloc, the runtime unlocks, allocates the segment, relocks and [`Allocator::resume_malloc`]s,
+//! for every device malloc of the call, as torch_npu drops its mutex around each `aclrtMalloc`.
+//! Other threads use the cache meanwhile. Locks are always taken allocator first, then device.
 
 use alloc_core::{
-    AllocConf, AllocError, Allocator, DeviceFacts, DeviceStats, FreeError, GcStatus, MallocStep,
-    SegmentInfo, StreamId,
+    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, MallocStep,
+    MemInfo, SegmentInfo,
 };
 
-use crate::backend::Backend;
 use crate::error::RuntimeError;
 use crate::sync::{Arc, Mutex, MutexGuard};
 use crate::warn_once::warn_once;
 
-fn alloc_error<E>(e: AllocError<E>) -> RuntimeError<E> {
-    match e {
-        AllocError::OutOfMemory(oom) => RuntimeError::OutOfMemory(oom),
-        AllocError::TooLarge { size } => RuntimeError::TooLarge { size },
-        AllocError::Device(e) => RuntimeError::Device(e),
+/// A device shared by its allocator and the calls made without the allocator's lock; each
+/// device call takes the device's lock for its duration.
+pub(crate) struct Shared<D>(Arc<Mutex<D>>);
+
+impl<D> Shared<D> {
+    pub(crate) fn new(device: D) -> Self {
+        Shared(Arc::new(Mutex::new(device)))
+    }
+
+    /// The device, locked.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, D> {
+        self.0.lock()
     }
 }
 
-fn free_error<E>(e: FreeError<E>) -> RuntimeError<E> {
-    match e {
-        FreeError::ForeignPointer { addr } => RuntimeError::InvalidPointer { addr },
-        FreeError::NotAllocated { addr } => RuntimeError::NotAllocated { addr },
-        FreeError::Device(e) => RuntimeError::Device(e),
+impl<D> Clone for Shared<D> {
+    fn clone(&self) -> Self {
+        Shared(self.0.clone())
+    }
+}
+
+impl<D: Device> Device for Shared<D> {
+    type Stream = D::Stream;
+    type Event = D::Event;
+    type Error = D::Error;
+
+    fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<D::Error>> {
+        self.lock().malloc(bytes)
+    }
+    fn free(&mut self, addr: u64, bytes: u64) -> Result<(), D::Error> {
+        self.lock().free(addr, bytes)
+    }
+    fn mem_info(&mut self) -> Result<MemInfo, D::Error> {
+        self.lock().mem_info()
+    }
+    fn record_event(&mut self, stream: D::Stream) -> Result<D::Event, D::Error> {
+        self.lock().record_event(stream)
+    }
+    fn event_done(&mut self, event: &D::Event) -> Result<bool, D::Error> {
+        self.lock().event_done(event)
+    }
+    fn release_event(&mut self, event: D::Event) {
+        self.lock().release_event(event);
+    }
+    fn synchronize(&mut self) -> Result<(), D::Error> {
+        self.lock().synchronize()
     }
 }
 
 /// One device's allocator and its lock.
-pub(crate) struct DeviceAllocator<B: Backend> {
+pub(crate) struct DeviceAllocator<D: Device> {
     index: u32,
-    backend: Arc<B>,
     release_lock: bool,
-    inner: Mutex<Allocator<B::Device>>,
+    device: Shared<D>,
+    inner: Mutex<Allocator<Shared<D>>>,
 }
 
-impl<B: Backend> DeviceAllocator<B> {
-    /// Opens device `index` and builds its allocator; logs each of its notices once.
-    pub(crate) fn new(
-        backend: Arc<B>,
-        index: u32,
-        conf: &AllocConf,
-    ) -> Result<Self, RuntimeError<B::Error>> {
-        let device = backend.open(index).map_err(RuntimeError::Device)?;
-        let facts = DeviceFacts {
-            pad: backend.pad(),
-            ..DeviceFacts::npu(index)
-        };
-        let allocator = Allocator::new(device, conf, facts);
+impl<D: Device> DeviceAllocator<D> {
+    /// The allocator of `device` (device `facts.index`); logs each of its notices once.
+    pub(crate) fn new(device: Shared<D>, facts: DeviceFacts, conf: &AllocConf) -> Self {
+        let allocator = Allocator::new(device.clone(), conf, facts);
         for notice in allocator.notices() {
             warn_once(&notice.to_string());
         }
-        Ok(DeviceAllocator {
-            index,
+        DeviceAllocator {
+            index: facts.index,
             release_lock: conf.release_lock_on_npumalloc,
-            backend,
+            device,
             inner: Mutex::new(allocator),
-        })
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Allocator<B::Device>> {
+    fn lock(&self) -> MutexGuard<'_, Allocator<Shared<D>>> {
         self.inner.lock()
     }
 
@@ -74,12 +99,12 @@ impl<B: Backend> DeviceAllocator<B> {
     pub(crate) fn malloc(
         &self,
         size: u64,
-        stream: StreamId,
-    ) -> Result<u64, RuntimeError<B::Error>> {
+        stream: D::Stream,
+    ) -> Result<u64, RuntimeError<D::Error>> {
         if self.release_lock {
             return self.malloc_releasing_lock(size, stream);
         }
-        self.lock().malloc(size, stream).map_err(alloc_error)
+        Ok(self.lock().malloc(size, stream)?)
     }
 
     /// `malloc` with `release_lock_on_npumalloc:True`: the lock is dropped around each device
@@ -87,16 +112,16 @@ impl<B: Backend> DeviceAllocator<B> {
     fn malloc_releasing_lock(
         &self,
         size: u64,
-        stream: StreamId,
-    ) -> Result<u64, RuntimeError<B::Error>> {
+        stream: D::Stream,
+    ) -> Result<u64, RuntimeError<D::Error>> {
         let mut guard = self.lock();
         let mut step = guard.begin_malloc(size, stream);
         loop {
             match step {
-                MallocStep::Done(result) => return result.map_err(alloc_error),
+                MallocStep::Done(result) => return Ok(result?),
                 MallocStep::NeedSegment { bytes, pending } => {
                     drop(guard);
-                    let segment = self.backend.raw_malloc(self.index, bytes);
+                    let segment = self.device.lock().malloc(bytes);
                     guard = self.lock();
                     step = guard.resume_malloc(pending, segment);
                 }
@@ -106,26 +131,26 @@ impl<B: Backend> DeviceAllocator<B> {
 
     /// `free(addr)`.
     #[inline]
-    pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<B::Error>> {
-        self.lock().free(addr).map_err(free_error)
+    pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<D::Error>> {
+        Ok(self.lock().free(addr)?)
     }
 
     /// `record_stream(addr, stream)`.
     pub(crate) fn record_stream(
         &self,
         addr: u64,
-        stream: StreamId,
-    ) -> Result<(), RuntimeError<B::Error>> {
-        self.lock().record_stream(addr, stream).map_err(free_error)
+        stream: D::Stream,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        Ok(self.lock().record_stream(addr, stream)?)
     }
 
     /// `empty_cache()`.
-    pub(crate) fn empty_cache(&self) -> Result<(), RuntimeError<B::Error>> {
+    pub(crate) fn empty_cache(&self) -> Result<(), RuntimeError<D::Error>> {
         self.lock().empty_cache().map_err(RuntimeError::Device)
     }
 
     /// Polls the event queues (blocks whose events completed return to their pools).
-    pub(crate) fn process_events(&self) -> Result<(), RuntimeError<B::Error>> {
+    pub(crate) fn process_events(&self) -> Result<(), RuntimeError<D::Error>> {
         self.lock().process_events().map_err(RuntimeError::Device)
     }
 
@@ -145,10 +170,8 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// `set_per_process_memory_fraction`.
-    pub(crate) fn set_fraction(&self, fraction: f64) -> Result<(), RuntimeError<B::Error>> {
-        self.lock()
-            .set_memory_fraction(fraction)
-            .map_err(RuntimeError::Fraction)
+    pub(crate) fn set_fraction(&self, fraction: f64) -> Result<(), RuntimeError<D::Error>> {
+        Ok(self.lock().set_memory_fraction(fraction)?)
     }
 
     /// `get_per_process_memory_fraction`.
@@ -157,7 +180,7 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 
     /// The segments and blocks, torch's `memory_snapshot()`.
-    pub(crate) fn snapshot(&self) -> Vec<SegmentInfo> {
+    pub(crate) fn snapshot(&self) -> Vec<SegmentInfo<D::Stream>> {
         self.lock().snapshot()
     }
 
@@ -167,7 +190,7 @@ impl<B: Backend> DeviceAllocator<B> {
     }
 }
 
-impl<B: Backend> Drop for DeviceAllocator<B> {
+impl<D: Device> Drop for DeviceAllocator<D> {
     fn drop(&mut self) {
         let mut guard = self.lock();
         let live = guard.stats().allocation.all.current;

@@ -1,23 +1,24 @@
-//! The runtime's one error type.
+//! The runtime's one error type: the core's errors, wrapped as they are, plus what only the
+//! runtime can get wrong (a device index).
 
 use core::fmt;
 
 use acl_sys::AclError;
-use alloc_core::{FractionError, OutOfMemory};
+use alloc_core::{AllocError, FractionError, FreeError};
 
-/// A failed runtime call. With the ACL backend, `E` is [`AclError`] (which carries the code).
+/// A failed runtime call. With the ACL device, `E` is [`AclError`] (which carries the code).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum RuntimeError<E = AclError> {
-    /// A device call failed with something other than out-of-memory; the allocator is unchanged.
-    Device(E),
-    /// No memory after torch's whole retry chain; displays torch_npu's message.
-    OutOfMemory(OutOfMemory),
-    /// A request of 1 EiB or more, refused before the allocator runs.
-    TooLarge {
-        /// The requested size.
-        size: u64,
-    },
+    /// `malloc` failed: out of memory after torch's whole retry chain (torch_npu's message), a
+    /// request of 1 EiB or more, or a device error.
+    Alloc(AllocError<E>),
+    /// `free` or `record_stream` was refused: a pointer no device returned
+    /// ([`FreeError::ForeignPointer`]), one that is not a live allocation
+    /// ([`FreeError::NotAllocated`]), or a device error; the allocation is unchanged.
+    Free(FreeError<E>),
+    /// `set_per_process_memory_fraction` was refused.
+    Fraction(FractionError),
     /// The device index is not below the device count.
     InvalidDevice {
         /// The index given.
@@ -25,19 +26,27 @@ pub enum RuntimeError<E = AclError> {
         /// Number of devices.
         count: u32,
     },
-    /// The address was never returned by `malloc` (or was already freed and is in no segment).
-    InvalidPointer {
-        /// The address given.
-        addr: u64,
-    },
-    /// The address lies in a cached segment but is not a live allocation (double free, or an
-    /// interior pointer).
-    NotAllocated {
-        /// The address given.
-        addr: u64,
-    },
-    /// `set_per_process_memory_fraction` was refused.
-    Fraction(FractionError),
+    /// A device call outside malloc and free failed (opening the device, `empty_cache`, event
+    /// polling, `mem_get_info`); the allocator is unchanged.
+    Device(E),
+}
+
+impl<E> From<AllocError<E>> for RuntimeError<E> {
+    fn from(e: AllocError<E>) -> Self {
+        RuntimeError::Alloc(e)
+    }
+}
+
+impl<E> From<FreeError<E>> for RuntimeError<E> {
+    fn from(e: FreeError<E>) -> Self {
+        RuntimeError::Free(e)
+    }
+}
+
+impl<E> From<FractionError> for RuntimeError<E> {
+    fn from(e: FractionError) -> Self {
+        RuntimeError::Fraction(e)
+    }
 }
 
 impl<E> RuntimeError<E> {
@@ -45,41 +54,39 @@ impl<E> RuntimeError<E> {
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
-            RuntimeError::OutOfMemory(_) | RuntimeError::TooLarge { .. }
+            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. })
         )
+    }
+
+    /// The device's error, wherever it surfaced.
+    pub fn device_error(&self) -> Option<&E> {
+        match self {
+            RuntimeError::Device(e)
+            | RuntimeError::Alloc(AllocError::Device(e))
+            | RuntimeError::Free(FreeError::Device(e)) => Some(e),
+            _ => None,
+        }
     }
 }
 
 impl RuntimeError<AclError> {
     /// The ACL status code of a failed device call.
     pub fn acl_code(&self) -> Option<i32> {
-        match self {
-            RuntimeError::Device(e) => e.code(),
-            _ => None,
-        }
+        self.device_error().and_then(AclError::code)
     }
 }
 
 impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            RuntimeError::Device(e) => write!(f, "NPU error: {e}"),
-            RuntimeError::OutOfMemory(oom) => oom.fmt(f),
-            RuntimeError::TooLarge { .. } => {
-                f.write_str("NPU out of memory. Tried to allocate more than 1EB memory.")
-            }
+            RuntimeError::Alloc(e) => e.fmt(f),
+            RuntimeError::Free(e) => e.fmt(f),
+            RuntimeError::Fraction(e) => e.fmt(f),
             RuntimeError::InvalidDevice { device, count } => write!(
                 f,
                 "Invalid device argument {device}: did you call init? (device count is {count})"
             ),
-            RuntimeError::InvalidPointer { addr } => {
-                write!(f, "invalid device pointer: {addr:#x}")
-            }
-            RuntimeError::NotAllocated { addr } => write!(
-                f,
-                "invalid device pointer: {addr:#x} is not a live allocation (double free?)"
-            ),
-            RuntimeError::Fraction(e) => e.fmt(f),
+            RuntimeError::Device(e) => write!(f, "NPU error: {e}"),
         }
     }
 }

@@ -4,47 +4,50 @@
 
 use std::collections::HashMap;
 
-use alloc_core::{DeviceError, OutOfMemory, size::MAX_REQUEST};
+use alloc_core::{AllocError, Device, DeviceError, FreeError, OutOfMemory, size::MAX_REQUEST};
 
-use crate::backend::Backend;
+use crate::device_allocator::Shared;
 use crate::error::RuntimeError;
-use crate::sync::{Arc, Mutex};
+use crate::sync::Mutex;
 
-/// One device without a cache: the backend and the live allocations (address → bytes).
-pub(crate) struct Uncached<B: Backend> {
+/// One device without a cache: the device and the live allocations (address → bytes).
+pub(crate) struct Uncached<D> {
     index: u32,
-    backend: Arc<B>,
+    pad: u64,
+    device: Shared<D>,
     live: Mutex<HashMap<u64, u64>>,
 }
 
-impl<B: Backend> Uncached<B> {
-    /// Device `index` of `backend`, nothing allocated.
-    pub(crate) fn new(backend: Arc<B>, index: u32) -> Self {
+impl<D: Device> Uncached<D> {
+    /// Device `index`, nothing allocated; every request takes `pad` more bytes.
+    pub(crate) fn new(device: Shared<D>, index: u32, pad: u64) -> Self {
         Uncached {
             index,
-            backend,
+            pad,
+            device,
             live: Mutex::new(HashMap::new()),
         }
     }
 
     /// One device malloc of `size` + pad; 0 for a zero-size request.
-    pub(crate) fn malloc(&self, size: u64) -> Result<u64, RuntimeError<B::Error>> {
+    pub(crate) fn malloc(&self, size: u64) -> Result<u64, RuntimeError<D::Error>> {
         if size >= MAX_REQUEST {
-            return Err(RuntimeError::TooLarge { size });
+            return Err(AllocError::TooLarge { size }.into());
         }
         if size == 0 {
             return Ok(0);
         }
-        let bytes = size + self.backend.pad();
-        match self.backend.raw_malloc(self.index, bytes) {
+        let bytes = size + self.pad;
+        let result = self.device.lock().malloc(bytes);
+        match result {
             Ok(addr) => {
                 self.live.lock().insert(addr, bytes);
                 Ok(addr)
             }
-            Err(DeviceError::Other(e)) => Err(RuntimeError::Device(e)),
+            Err(DeviceError::Other(e)) => Err(AllocError::Device(e).into()),
             Err(DeviceError::OutOfMemory) => {
-                let info = self.backend.mem_get_info(self.index).ok();
-                Err(RuntimeError::OutOfMemory(OutOfMemory {
+                let info = self.device.lock().mem_info().ok();
+                Err(AllocError::OutOfMemory(OutOfMemory {
                     device: self.index,
                     requested: size,
                     alloc_size: bytes,
@@ -54,25 +57,26 @@ impl<B: Backend> Uncached<B> {
                     active: 0,
                     reserved: 0,
                     allowed: None,
-                }))
+                })
+                .into())
             }
         }
     }
 
     /// Synchronizes the device and frees `addr`; on failure `addr` stays live.
-    pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<B::Error>> {
+    pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<D::Error>> {
         let bytes = self
             .live
             .lock()
             .remove(&addr)
-            .ok_or(RuntimeError::InvalidPointer { addr })?;
-        let result = self
-            .backend
-            .synchronize(self.index)
-            .and_then(|()| self.backend.raw_free(self.index, addr, bytes));
+            .ok_or(FreeError::ForeignPointer { addr })?;
+        let result = {
+            let mut device = self.device.lock();
+            device.synchronize().and_then(|()| device.free(addr, bytes))
+        };
         result.map_err(|e| {
             self.live.lock().insert(addr, bytes);
-            RuntimeError::Device(e)
+            FreeError::Device(e).into()
         })
     }
 

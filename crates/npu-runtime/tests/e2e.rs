@@ -1,18 +1,27 @@
 //! End-to-end: the runtime over the fake `libascendcl` loaded through `acl-sys`'s real loading
 //! path, with exact call counts and stats.
 #![cfg(not(loom))]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 mod common;
 
 use std::sync::{Arc, Mutex, Weak};
 
 use common::{FakeAcl, Variant};
-use npu_runtime::{AclError, Config, GcStatus, NpuAllocator, RuntimeError, Stream};
+use npu_runtime::{
+    AclError, AclPlatform, Config, FreeError, GcStatus, NpuAllocator, RuntimeError, Stream,
+};
 
 const MIB: u64 = 1 << 20;
 
 fn runtime(fake: &FakeAcl, config: Config) -> NpuAllocator {
     NpuAllocator::with_library(fake.path(), config).expect("load the fake through acl-sys")
+}
+
+/// The fake loaded through acl-sys, and a runtime over it.
+fn platform_and_runtime(fake: &FakeAcl, config: Config) -> (AclPlatform, NpuAllocator) {
+    let platform = AclPlatform::load(fake.path()).expect("load the fake through acl-sys");
+    (platform.clone(), platform.runtime(config))
 }
 
 fn stat(rt: &NpuAllocator, key: &str) -> i64 {
@@ -173,10 +182,10 @@ fn empty_cache_synchronizes_then_frees_each_segment() {
 /// back to the pool. `query` is the symbol the runtime must poll with.
 fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str) {
     let fake = FakeAcl::new(variant, 1 << 30, 1);
-    let rt = runtime(&fake, Config::default());
-    let lib = rt.backend().lib();
+    let (platform, rt) = platform_and_runtime(&fake, Config::default());
+    let lib = platform.lib();
     lib.set_device(0).unwrap();
-    let side = lib.create_stream().unwrap();
+    let side = Stream::from(lib.create_stream().unwrap());
     let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     rt.record_stream(a, side).unwrap();
     rt.free(a).unwrap();
@@ -203,7 +212,7 @@ fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str
     assert_eq!(fake.calls("aclrtCreateEventWithFlag"), 1);
     assert_eq!(fake.calls("aclrtRecordEvent"), 2);
     assert_eq!(fake.live_events(), 1);
-    drop(rt);
+    drop((platform, rt));
     // Dropping the runtime empties the cache and destroys the pooled event.
     assert_eq!(fake.live_events(), 0);
     assert_eq!(fake.live_allocations(0), 0);
@@ -217,14 +226,14 @@ fn record_stream_polls_query_event_status() {
 #[test]
 fn missing_optional_symbols_fall_back() {
     let fake = FakeAcl::new(Variant::Legacy, 1 << 30, 1);
-    let rt = runtime(&fake, Config::default());
-    assert!(!rt.backend().lib().has_malloc_align32());
-    assert!(!rt.backend().uses_align32());
-    assert!(!rt.backend().lib().has_symbol("aclrtQueryEventStatus"));
+    let (platform, rt) = platform_and_runtime(&fake, Config::default());
+    assert!(!platform.lib().has_malloc_align32());
+    assert!(!platform.uses_align32());
+    assert!(!platform.lib().has_symbol("aclrtQueryEventStatus"));
     rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     // aclrtMalloc pads by 32 bytes itself.
     assert_eq!(fake.used(0), 2 * MIB + 32);
-    drop(rt);
+    drop((platform, rt));
     record_stream_waits_for_the_event(Variant::Legacy, "aclrtQueryEvent", "aclrtMalloc");
 }
 
@@ -281,18 +290,18 @@ fn bad_pointers_and_devices_are_errors() {
     let rt = runtime(&fake, Config::default());
     assert_eq!(
         rt.free(0x1234).unwrap_err(),
-        RuntimeError::InvalidPointer { addr: 0x1234 }
+        RuntimeError::Free(FreeError::ForeignPointer { addr: 0x1234 })
     );
     let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     // Inside a segment but not an allocation's start: the more precise error.
     assert_eq!(
         rt.free(a + 512).unwrap_err(),
-        RuntimeError::NotAllocated { addr: a + 512 }
+        RuntimeError::Free(FreeError::NotAllocated { addr: a + 512 })
     );
     // Beyond every segment of every device.
     assert_eq!(
         rt.free(a + 4 * MIB).unwrap_err(),
-        RuntimeError::InvalidPointer { addr: a + 4 * MIB }
+        RuntimeError::Free(FreeError::ForeignPointer { addr: a + 4 * MIB })
     );
     rt.free(a).unwrap();
     assert_eq!(
@@ -365,11 +374,11 @@ fn frees_find_their_device_by_address() {
     // Each error names the owner's view: device 1's interior pointer is NotAllocated there.
     assert_eq!(
         rt.free(on1 + 4096).unwrap_err(),
-        RuntimeError::NotAllocated { addr: on1 + 4096 }
+        RuntimeError::Free(FreeError::NotAllocated { addr: on1 + 4096 })
     );
     assert_eq!(
         rt.record_stream(on1 + 4096, Stream::DEFAULT).unwrap_err(),
-        RuntimeError::NotAllocated { addr: on1 + 4096 }
+        RuntimeError::Free(FreeError::NotAllocated { addr: on1 + 4096 })
     );
     rt.record_stream(on1, Stream::DEFAULT).unwrap();
     rt.free(on1).unwrap();
@@ -384,17 +393,17 @@ fn frees_find_their_device_by_address() {
     assert_eq!(rt.memory_allocated(0).unwrap(), 0);
     assert_eq!(
         rt.free(on1).unwrap_err(),
-        RuntimeError::NotAllocated { addr: on1 }
+        RuntimeError::Free(FreeError::NotAllocated { addr: on1 })
     );
     rt.empty_cache().unwrap();
     // No segment left anywhere: the same addresses are now foreign to every device.
     assert_eq!(
         rt.free(on1).unwrap_err(),
-        RuntimeError::InvalidPointer { addr: on1 }
+        RuntimeError::Free(FreeError::ForeignPointer { addr: on1 })
     );
     assert_eq!(
         rt.free(on0).unwrap_err(),
-        RuntimeError::InvalidPointer { addr: on0 }
+        RuntimeError::Free(FreeError::ForeignPointer { addr: on0 })
     );
     assert_eq!((fake.used(0), fake.used(1)), (0, 0));
 }
@@ -460,7 +469,7 @@ fn no_caching_goes_to_the_device_every_time() {
     assert_eq!(fake.used(0), 0);
     assert_eq!(
         rt.free(b).unwrap_err(),
-        RuntimeError::InvalidPointer { addr: b }
+        RuntimeError::Free(FreeError::ForeignPointer { addr: b })
     );
     let err = rt.malloc(2 << 30, 0, Stream::DEFAULT).unwrap_err();
     assert!(err.is_out_of_memory());

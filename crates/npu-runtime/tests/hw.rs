@@ -2,17 +2,22 @@
 //! checks on real memory. Every test is `#[ignore]`d; `cargo xtask test-hw` runs them after
 //! its probes pass (`NPU_ALLOC_ACL_LIB` names the library it found), one at a time.
 #![cfg(not(loom))]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::ffi::c_void;
 
 use acl_sys::{DevicePtr, MemcpyKind};
-use npu_runtime::{Config, NpuAllocator, Stream};
+use npu_runtime::{AclPlatform, Config, NpuAllocator, Stream};
 
 const MIB: u64 = 1 << 20;
 
-fn runtime() -> NpuAllocator {
+fn platform() -> AclPlatform {
     let path = std::env::var_os("NPU_ALLOC_ACL_LIB").expect("run through cargo xtask test-hw");
-    NpuAllocator::with_library(path, Config::default()).expect("the probed libascendcl")
+    AclPlatform::load(path).expect("the probed libascendcl")
+}
+
+fn runtime() -> NpuAllocator {
+    platform().runtime(Config::default())
 }
 
 fn stat(rt: &NpuAllocator, key: &str) -> i64 {
@@ -76,8 +81,9 @@ fn oom_takes_the_retry_chain_with_torch_npus_message() {
 #[test]
 #[ignore = "needs an Ascend NPU: cargo xtask test-hw"]
 fn memory_holds_data_and_record_stream_waits_for_the_stream() {
-    let rt = runtime();
-    let lib = rt.backend().lib();
+    let platform = platform();
+    let rt = platform.clone().runtime(Config::default());
+    let lib = platform.lib();
     lib.set_device(0).unwrap();
     let side = lib.create_stream().unwrap();
     let n = 4096usize;
@@ -106,7 +112,7 @@ fn memory_holds_data_and_record_stream_waits_for_the_stream() {
         .unwrap();
     }
     assert_eq!(back, data);
-    rt.record_stream(a, side).unwrap();
+    rt.record_stream(a, side.into()).unwrap();
     rt.free(a).unwrap();
     lib.synchronize_stream(side).unwrap();
     rt.process_events(0).unwrap();

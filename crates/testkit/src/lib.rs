@@ -4,6 +4,7 @@
 //!
 //! Nothing here is needed by a program at run time.
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 
 pub mod paired;
 pub mod strategy;

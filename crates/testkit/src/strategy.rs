@@ -58,7 +58,10 @@ pub fn any_op() -> impl Strategy<Value = OpKind> {
     let fault = (
         prop::sample::select(DeviceCall::ALL.to_vec()),
         1u64..3,
-        prop_oneof![Just(Fault::OutOfMemory), (1i32..600_000).prop_map(Fault::Error)],
+        prop_oneof![
+            Just(Fault::OutOfMemory),
+            (1i32..600_000).prop_map(Fault::Error)
+        ],
     )
         .prop_map(|(call, nth, fault)| OpKind::Fault { call, nth, fault });
     let misuse = prop_oneof![
@@ -82,10 +85,7 @@ pub fn any_op() -> impl Strategy<Value = OpKind> {
 }
 
 /// A well-formed trace of up to `max` operations drawn from `op`, then a final `drain`.
-pub fn trace(
-    op: impl Strategy<Value = OpKind>,
-    max: usize,
-) -> impl Strategy<Value = Trace> {
+pub fn trace(op: impl Strategy<Value = OpKind>, max: usize) -> impl Strategy<Value = Trace> {
     prop::collection::vec(op, 0..max).prop_map(|ops| {
         let mut t = empty_trace();
         for kind in well_formed(ops.into_iter().chain([OpKind::Drain]), IDS) {

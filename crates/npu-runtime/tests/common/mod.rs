@@ -60,7 +60,7 @@ pub fn built(variant: Variant) -> &'static Path {
             status.success(),
             "cargo build -p fake-ascendcl failed: {status}"
         );
-        dir.join("debug").join("libascendcl.so")
+        dir.join("debug").join("libfake_ascendcl.so")
     })
 }
 

@@ -23,6 +23,7 @@
 //! Everything is std-only and lives behind one global mutex. No function here unwinds: state is
 //! recovered from a poisoned lock and nothing else panics.
 #![allow(non_snake_case)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
