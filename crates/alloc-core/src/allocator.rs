@@ -17,6 +17,18 @@ use crate::size::PoolKind;
 use crate::stats::DeviceStats;
 use crate::stream_events::EventQueues;
 
+/// Whose behaviour the policy follows where torch_npu and PyTorch's CUDA allocator differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavour {
+    /// torch_npu's `NPUCachingAllocator`: a device malloc that fails with an error other than
+    /// out-of-memory still runs the rest of the retry chain (`alloc_block` returns false for any
+    /// error); only the last attempt's error decides between out-of-memory and a device error.
+    TorchNpu,
+    /// PyTorch's `CUDACachingAllocator`: a device malloc error other than out-of-memory is
+    /// returned at once.
+    Cuda,
+}
+
 /// Facts about the device that change the policy, given when the allocator is built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeviceFacts {
@@ -27,24 +39,29 @@ pub struct DeviceFacts {
     pub pad: u64,
     /// Total device memory; `None` asks the device's `mem_info` once at construction.
     pub total_memory: Option<u64>,
+    /// Whose behaviour to follow where torch_npu and CUDA differ.
+    pub flavour: Flavour,
 }
 
 impl DeviceFacts {
-    /// torch_npu on today's Ascend parts: a 32-byte pad on every request.
+    /// torch_npu on today's Ascend parts: a 32-byte pad on every request, torch_npu's retry
+    /// chain.
     pub fn npu(index: u32) -> DeviceFacts {
         DeviceFacts {
             index,
             pad: 32,
             total_memory: None,
+            flavour: Flavour::TorchNpu,
         }
     }
 
-    /// PyTorch's CUDA allocator: no pad.
+    /// PyTorch's CUDA allocator: no pad, CUDA's retry chain.
     pub fn cuda_parity(index: u32) -> DeviceFacts {
         DeviceFacts {
             index,
             pad: 0,
             total_memory: None,
+            flavour: Flavour::Cuda,
         }
     }
 }

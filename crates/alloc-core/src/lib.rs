@@ -32,7 +32,7 @@ mod stats;
 mod stream_events;
 
 pub use alloc_conf::AllocConf;
-pub use allocator::{Allocator, DeviceFacts, Notice};
+pub use allocator::{Allocator, DeviceFacts, Flavour, Notice};
 pub use device::{Device, DeviceError, MemInfo, Stream};
 pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory};
 pub use garbage_collection::GcStatus;

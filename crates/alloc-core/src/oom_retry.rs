@@ -9,7 +9,7 @@
 //! allocator in between; as in torch_npu, the chain then goes on without looking at the cache
 //! again. [`Allocator::malloc`] is the same loop with the device called in place.
 
-use crate::allocator::{Allocator, MAX_RESERVE, Request};
+use crate::allocator::{Allocator, Flavour, MAX_RESERVE, Request};
 use crate::block::{Block, BlockId};
 use crate::device::{Device, DeviceError};
 use crate::error::{AllocError, OutOfMemory};
@@ -62,9 +62,9 @@ impl<D: Device> Allocator<D> {
 
     /// Continues a malloc with the device's answer to its segment request.
     ///
-    /// Any device error other than out-of-memory ends the malloc at once, as in CUDA (torch_npu
-    /// instead runs the rest of the retry chain before raising it); the cache is left as the
-    /// chain had it.
+    /// A device error other than out-of-memory ends the malloc at once in CUDA's flavour; in
+    /// torch_npu's the chain goes on as after out-of-memory, and the error is returned only if
+    /// the last attempt failed with it. The cache is left as the chain had it.
     pub fn resume_malloc(
         &mut self,
         pending: PendingMalloc<D::Stream>,
@@ -76,7 +76,7 @@ impl<D: Device> Allocator<D> {
             // without the lock; the bound that keeps the stats exact is checked again.
             Ok(addr) if self.total_allocated + req.alloc_size > MAX_RESERVE => {
                 match self.device.free(addr, req.alloc_size) {
-                    Ok(()) => self.after_failed_segment(req, pending.stage),
+                    Ok(()) => self.after_failed_segment(req, pending.stage, None),
                     Err(e) => MallocStep::Done(Err(AllocError::Device(e))),
                 }
             }
@@ -84,8 +84,11 @@ impl<D: Device> Allocator<D> {
                 let id = self.add_segment(addr, &req);
                 MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
             }
-            Err(DeviceError::Other(e)) => MallocStep::Done(Err(AllocError::Device(e))),
-            Err(DeviceError::OutOfMemory) => self.after_failed_segment(req, pending.stage),
+            Err(DeviceError::Other(e)) if self.facts.flavour == Flavour::Cuda => {
+                MallocStep::Done(Err(AllocError::Device(e)))
+            }
+            Err(DeviceError::Other(e)) => self.after_failed_segment(req, pending.stage, Some(e)),
+            Err(DeviceError::OutOfMemory) => self.after_failed_segment(req, pending.stage, None),
         }
     }
 
@@ -104,7 +107,7 @@ impl<D: Device> Allocator<D> {
         let total = self.total_allocated + req.alloc_size;
         let refused = total > MAX_RESERVE || self.allowed.is_some_and(|allowed| total > allowed);
         if refused {
-            return self.after_failed_segment(req, stage);
+            return self.after_failed_segment(req, stage, None);
         }
         MallocStep::NeedSegment {
             bytes: req.alloc_size,
@@ -112,12 +115,14 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// The chain after the `alloc_block` at `stage` got no segment: release what torch releases
-    /// there and ask again, or, after the last, out of memory.
+    /// The chain after the `alloc_block` at `stage` got no segment (`error`: the device's error
+    /// when it was not out-of-memory): release what torch releases there and ask again, or, after
+    /// the last, return out-of-memory (or that last attempt's device error).
     fn after_failed_segment(
         &mut self,
         req: Request<D::Stream>,
         stage: Stage,
+        error: Option<D::Error>,
     ) -> MallocStep<D::Error, D::Stream> {
         let next = match stage {
             Stage::First => match self.release_available_cached_blocks(&req) {
@@ -127,7 +132,10 @@ impl<D: Device> Allocator<D> {
             },
             Stage::AfterRelease => self.release_cached_blocks().map(|()| Stage::Retry),
             Stage::Retry => {
-                return MallocStep::Done(Err(AllocError::OutOfMemory(self.out_of_memory(&req))));
+                return MallocStep::Done(Err(match error {
+                    Some(e) => AllocError::Device(e),
+                    None => AllocError::OutOfMemory(self.out_of_memory(&req)),
+                }));
             }
         };
         match next {

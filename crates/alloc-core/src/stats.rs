@@ -166,6 +166,9 @@ pub struct DeviceStats {
     pub num_device_alloc: u64,
     /// Device frees.
     pub num_device_free: u64,
+    /// Allocations refused up front by torch_npu's `throw_on_npumalloc_oom` (torch_npu exports
+    /// the key); always 0 here, where that option is not supported.
+    pub num_oom_rejections: u64,
     /// `max_split_size` from the config, `None` when unlimited (reported as −1).
     pub max_split_size: Option<u64>,
 }
@@ -252,11 +255,12 @@ impl DeviceStats {
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+        self.num_oom_rejections = 0;
     }
 
     /// torch's flat `memory_stats()` dictionary: every key with its value, sorted by key.
     pub fn flat(&self) -> Vec<(String, i64)> {
-        let mut out = Vec::with_capacity(9 * 12 + 8 + 6);
+        let mut out = Vec::with_capacity(9 * 12 + 8 + 7);
         for name in STAT_ARRAY_NAMES {
             let array = self.array(name).expect("every listed name is an array");
             for (pool, stat) in
@@ -283,6 +287,7 @@ impl DeviceStats {
             ("num_alloc_retries", self.num_alloc_retries as i64),
             ("num_device_alloc", self.num_device_alloc as i64),
             ("num_device_free", self.num_device_free as i64),
+            ("num_oom_rejections", self.num_oom_rejections as i64),
             ("num_ooms", self.num_ooms as i64),
             ("num_sync_all_streams", self.num_sync_all_streams as i64),
         ] {
@@ -390,7 +395,7 @@ mod tests {
     fn flat_has_every_torch_key_sorted() {
         let d = DeviceStats::default();
         let flat = d.flat();
-        assert_eq!(flat.len(), 9 * 3 * 4 + 2 * 4 + 6);
+        assert_eq!(flat.len(), 9 * 3 * 4 + 2 * 4 + 7);
         assert!(flat.windows(2).all(|w| w[0].0 < w[1].0));
         let get = |k: &str| flat.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
         assert_eq!(get("max_split_size"), Some(-1));
@@ -398,5 +403,6 @@ mod tests {
         assert_eq!(get("oversize_allocations.current"), Some(0));
         assert_eq!(get("inactive_split_bytes.all.current"), Some(0));
         assert_eq!(get("num_sync_all_streams"), Some(0));
+        assert_eq!(get("num_oom_rejections"), Some(0));
     }
 }

@@ -10,9 +10,8 @@ use common::*;
 #[test]
 fn a_pad_that_overflows_the_request_refuses_it_as_too_large() {
     let facts = DeviceFacts {
-        index: 0,
         pad: u64::MAX,
-        total_memory: None,
+        ..DeviceFacts::cuda_parity(0)
     };
     let mut a = Allocator::new(SimDevice::new(GIB), &AllocConf::default(), facts);
     assert_eq!(a.malloc(1, S0), Err(AllocError::TooLarge { size: 1 }));

@@ -195,3 +195,44 @@ fn a_failed_mem_info_leaves_the_free_memory_unknown_in_the_oom() {
     assert_eq!(stat(&a, "num_ooms"), 1);
     assert_drains(&mut a, &[]);
 }
+
+#[test]
+fn torch_npu_runs_the_rest_of_the_chain_after_a_device_error() {
+    // torch_npu's alloc_block returns false for any error: the chain goes on through
+    // release_cached_blocks (a synchronization, num_sync_all_streams + 1) and the retry
+    // (num_alloc_retries + 1); the last attempt's error decides.
+    let mut a = npu(GIB, &AllocConf::default());
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 1, Fault::Error(7));
+    let x = a.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(a.device().calls(DeviceCall::Malloc), 2);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    // Both attempts fail: the second one's error is returned, and nothing counts as OOM.
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 1, Fault::OutOfMemory);
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 2, Fault::Error(9));
+    assert_eq!(
+        a.malloc(30 * MIB, S0),
+        Err(AllocError::Device(injected(DeviceCall::Malloc, 9)))
+    );
+    assert_eq!(stat(&a, "num_alloc_retries"), 2);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 2);
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    // The other way round it is out of memory.
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 1, Fault::Error(9));
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 2, Fault::OutOfMemory);
+    assert!(matches!(
+        a.malloc(30 * MIB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    assert_eq!(stat(&a, "num_alloc_retries"), 3);
+    check_consistency(&a);
+    assert_drains(&mut a, &[x]);
+}

@@ -7,6 +7,7 @@
 mod common;
 
 use alloc_conf::AllocConf;
+use alloc_core::Flavour;
 use alloc_trace::{Checks, Setup, replay_checked};
 use common::*;
 use proptest::prelude::*;
@@ -36,6 +37,7 @@ proptest! {
             capacity: 200 * MIB,
             device_overhead: 0,
             pad: if pad { 32 } else { 0 },
+            flavour: if pad { Flavour::TorchNpu } else { Flavour::Cuda },
         };
         if let Err(f) = replay_checked(&trace, &setup, Checks::default()) {
             return Err(TestCaseError::fail(format!(

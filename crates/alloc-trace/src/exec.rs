@@ -31,7 +31,7 @@ use std::sync::Once;
 use alloc_conf::AllocConf;
 use alloc_core::size::MAX_REQUEST;
 use alloc_core::{
-    AllocError, Allocator, BlockState, DeviceFacts, DeviceStats, FractionError, FreeError,
+    AllocError, Allocator, BlockState, DeviceFacts, DeviceStats, Flavour, FractionError, FreeError,
     STAT_ARRAY_NAMES,
 };
 use alloc_sim::{
@@ -59,6 +59,8 @@ pub struct Setup {
     pub device_overhead: u64,
     /// Bytes added to every request before rounding (32 for torch_npu, 0 for CUDA parity).
     pub pad: u64,
+    /// Whose retry chain the allocator follows (torch_npu's unless the trace says `cuda`).
+    pub flavour: Flavour,
 }
 
 impl Setup {
@@ -76,6 +78,7 @@ impl Setup {
                 .unwrap_or(alloc_sim::DEFAULT_CAPACITY),
             device_overhead: trace.device_overhead.unwrap_or(0),
             pad: pad.or(trace.pad).unwrap_or(DEFAULT_PAD),
+            flavour: trace.flavour.unwrap_or(Flavour::TorchNpu),
         }
     }
 
@@ -86,6 +89,7 @@ impl Setup {
             index: 0,
             pad: self.pad,
             total_memory: None,
+            flavour: self.flavour,
         };
         Allocator::new(TestDevice::new(device), &self.conf, facts)
     }
@@ -425,21 +429,27 @@ impl Scheduled {
         }
     }
 
-    /// Whether the fault aborts the call's operation (every fault but an out-of-memory of
-    /// `malloc`, which enters the retry chain, and a failed `mem_info`, which only loses numbers).
-    fn aborts(&self) -> bool {
-        !matches!(
-            (self.call, self.fault),
-            (DeviceCall::Malloc, Fault::OutOfMemory) | (DeviceCall::MemInfo, _)
-        )
+    /// Whether the fault aborts the call's operation: every fault but an out-of-memory of
+    /// `malloc`, which enters the retry chain, any failed `malloc` in torch_npu's flavour, which
+    /// does too, and a failed `mem_info`, which only loses numbers.
+    fn aborts(&self, flavour: Flavour) -> bool {
+        match (self.call, self.fault) {
+            (DeviceCall::Malloc, Fault::OutOfMemory) | (DeviceCall::MemInfo, _) => false,
+            (DeviceCall::Malloc, Fault::Error(_)) => flavour == Flavour::Cuda,
+            _ => true,
+        }
     }
 }
 
 /// The one device error an operation must return given the faults that fired in it, or `None`
 /// when it must succeed (or run out of memory). More than one aborting fault cannot fire in one
 /// operation, since the first one ends it.
-fn surfacing(fired: &[Scheduled], what: &str) -> Result<Option<DeviceErr>, CheckError> {
-    let mut aborting = fired.iter().filter(|f| f.aborts());
+fn surfacing(
+    fired: &[Scheduled],
+    flavour: Flavour,
+    what: &str,
+) -> Result<Option<DeviceErr>, CheckError> {
+    let mut aborting = fired.iter().filter(|f| f.aborts(flavour));
     match (aborting.next(), aborting.next()) {
         (None, _) => Ok(None),
         (Some(f), None) => Ok(Some(f.error())),
@@ -856,7 +866,8 @@ impl Executor {
             Outcome::Complete => self.stats_are(&before.stats, "complete")?,
             Outcome::EmptyCache(result) => {
                 let fired = self.take_fired();
-                match (result, surfacing(&fired, "empty_cache")?) {
+                let flavour = self.alloc.facts().flavour;
+                match (result, surfacing(&fired, flavour, "empty_cache")?) {
                     (Ok(()), None) => self.check_emptied(&before.stats)?,
                     (Err(got), Some(want)) if got == want => self.counts.device_errors += 1,
                     (result, want) => {
@@ -1003,13 +1014,24 @@ impl Executor {
         let fired = self.take_fired();
         let what = format!("malloc({size}, stream {stream})");
         let count = before.stats.allocation.all.current;
-        let must_fail = surfacing(&fired, &what)?;
+        let flavour = self.alloc.facts().flavour;
+        let must_fail = surfacing(&fired, flavour, &what)?;
         let fired_oom = fired
             .iter()
-            .any(|f| f.call == DeviceCall::Malloc && !f.aborts());
+            .any(|f| f.call == DeviceCall::Malloc && !f.aborts(flavour));
         let fired_mem_info = fired.iter().any(|f| f.call == DeviceCall::MemInfo);
+        // In torch_npu's flavour a failed device malloc goes on through the chain; the error of
+        // the op's last device malloc, if it was injected, is what a failed chain returns
+        // (unless the fraction limit refused the last attempt before the device was asked).
+        let malloc_calls = self.calls()[DeviceCall::Malloc as usize];
+        let last_error = fired
+            .iter()
+            .find(|f| f.call == DeviceCall::Malloc && f.at == malloc_calls)
+            .filter(|f| matches!(f.fault, Fault::Error(_)) && flavour == Flavour::TorchNpu)
+            .map(Scheduled::error);
         match (&result, &must_fail) {
             (Err(AllocError::Device(got)), Some(want)) if got == want => {}
+            (Err(AllocError::Device(got)), None) if Some(got) == last_error.as_ref() => {}
             (_, Some(want)) => {
                 return Err(broken(
                     Rule::UnexpectedResult,
@@ -1025,7 +1047,8 @@ impl Executor {
             }
             _ => {}
         }
-        if !fired.is_empty() && must_fail.is_none() {
+        if !fired.is_empty() && must_fail.is_none() && !matches!(result, Err(AllocError::Device(_)))
+        {
             self.counts.absorbed_faults += 1;
         }
         match result {
@@ -1069,26 +1092,33 @@ impl Executor {
                         ),
                     ));
                 }
-                if !fired_oom {
-                    // Legitimate only if the last device malloc really could not fit, or the
-                    // fraction limit refused it.
-                    let need = reserved.saturating_add(oom.alloc_size);
-                    let full = need > capacity;
-                    let limited = self.alloc.allowed_memory().is_some_and(|a| need > a);
-                    if !full && !limited {
-                        return Err(broken(
-                            Rule::SpuriousOutOfMemory,
-                            format!(
-                                "{what}: segment of {} bytes with {reserved} of {capacity} reserved, \
-                                 limit {:?}",
-                                oom.alloc_size,
-                                self.alloc.allowed_memory()
-                            ),
-                        ));
-                    }
+                // Legitimate only if the last device malloc really could not fit, or the fraction
+                // limit refused it; an injected out-of-memory explains it too, an injected error
+                // in the last device malloc only if the fraction then refused the last attempt.
+                let need = reserved.saturating_add(oom.alloc_size);
+                let full = need > capacity;
+                let limited = self.alloc.allowed_memory().is_some_and(|a| need > a);
+                if last_error.is_some() && !limited {
+                    return Err(broken(
+                        Rule::UnexpectedResult,
+                        format!(
+                            "{what}: out-of-memory after its last device malloc failed with {last_error:?}"
+                        ),
+                    ));
+                }
+                if !fired_oom && !full && !limited {
+                    return Err(broken(
+                        Rule::SpuriousOutOfMemory,
+                        format!(
+                            "{what}: segment of {} bytes with {reserved} of {capacity} reserved, \
+                             limit {:?}",
+                            oom.alloc_size,
+                            self.alloc.allowed_memory()
+                        ),
+                    ));
                 }
             }
-            Err(AllocError::Device(_)) if must_fail.is_some() => {
+            Err(AllocError::Device(_)) if must_fail.is_some() || last_error.is_some() => {
                 self.counts.device_errors += 1;
                 self.allocation_count_is(count, &what)?;
                 if self.alloc.stats().num_ooms != before.stats.num_ooms {
@@ -1564,19 +1594,59 @@ mod tests {
         }
     }
 
-    #[test]
-    fn injected_faults_are_counted_not_fatal() {
-        // The first device malloc fails with an injected error: the allocation fails, the
-        // replay goes on, and a later free of the id is skipped.
-        let text = "fault malloc 1 error 507899\nalloc a 4K\nfree a\nalloc b 4K\nfree b\n";
+    /// Runs `text` with and without checks; both must pass with the same report.
+    fn both(text: &str) -> Report {
         let trace = parse_str("t.trace", text).unwrap();
         let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
-        for checks in [None, Some(Checks::default())] {
-            let r = run(&trace, &setup, checks).unwrap();
-            assert_eq!(r.counts.device_errors, 1);
-            assert_eq!(r.counts.skipped, 1);
-            assert_eq!(r.device_mallocs, 1);
-        }
+        let plain = run(&trace, &setup, None).unwrap();
+        let checked = run(&trace, &setup, Some(Checks::default())).unwrap();
+        assert_eq!(plain.end, checked.end);
+        checked
+    }
+
+    #[test]
+    fn injected_faults_are_counted_not_fatal() {
+        // CUDA's flavour: the first device malloc fails with an injected error, the allocation
+        // fails at once, the replay goes on, and a later free of the id is skipped.
+        let text = "flavour cuda\nfault malloc 1 error 507899\nalloc a 4K\nfree a\nalloc b 4K\n\
+                    free b\n";
+        let r = both(text);
+        assert_eq!(r.counts.device_errors, 1);
+        assert_eq!(r.counts.skipped, 1);
+        assert_eq!(r.device_mallocs, 1);
+        let s = &r.end.stats;
+        assert_eq!((s.num_alloc_retries, s.num_sync_all_streams), (0, 0));
+    }
+
+    #[test]
+    fn torch_npu_runs_the_whole_chain_after_a_device_error() {
+        // torch_npu's flavour: the failed first malloc goes on through release_cached_blocks
+        // (a synchronization) and the retry, which succeeds.
+        let r = both("fault malloc 1 error 507899\nalloc a 4K\nfree a\n");
+        assert_eq!((r.counts.device_errors, r.counts.skipped), (0, 0));
+        let s = &r.end.stats;
+        assert_eq!(
+            (s.num_alloc_retries, s.num_sync_all_streams, s.num_ooms),
+            (1, 1, 0)
+        );
+        assert_eq!((s.num_device_alloc, r.device_mallocs), (1, 1));
+        // Both attempts fail: the last attempt's error is returned, not out-of-memory.
+        let r =
+            both("fault malloc 1 error 507899\nfault malloc 2 error 107000\nalloc a 4K\nfree a\n");
+        assert_eq!((r.counts.device_errors, r.counts.skipped), (1, 1));
+        let s = &r.end.stats;
+        assert_eq!(
+            (s.num_alloc_retries, s.num_sync_all_streams, s.num_ooms),
+            (1, 1, 0)
+        );
+        assert_eq!(r.device_mallocs, 0);
+        // An out-of-memory first and an error last: the error decides.
+        let r = both("fault malloc 1 oom\nfault malloc 2 error 5\nalloc a 4K\nfree a\n");
+        assert_eq!((r.counts.device_errors, r.end.stats.num_ooms), (1, 0));
+        // An error first and an out-of-memory last: out-of-memory.
+        let r = both("fault malloc 1 error 5\nfault malloc 2 oom\nalloc a 4K\nfree a\n");
+        assert_eq!((r.counts.device_errors, r.counts.ooms), (0, 1));
+        assert_eq!(r.end.stats.num_ooms, 1);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The one operation type of npu-alloc's tools: what a `.trace` line says, what the stress engine
 //! generates, what the property tests and fuzz targets draw, and what the executor runs.
 
+use alloc_core::Flavour;
 use alloc_sim::{DeviceCall, Fault};
 
 /// A dense index naming one allocation id of a [`Trace`]; see [`Trace::id_name`].
@@ -166,6 +167,8 @@ pub struct Trace {
     pub device_overhead: Option<u64>,
     /// `pad <size>`: bytes added to every request before rounding.
     pub pad: Option<u64>,
+    /// `flavour torch_npu|cuda`: whose retry chain the allocator follows.
+    pub flavour: Option<Flavour>,
     /// The operations, in file order.
     pub ops: Vec<Op>,
     pub(crate) ids: Vec<Box<str>>,
@@ -208,6 +211,14 @@ impl Trace {
     /// Appends an operation (line 0: not read from a file).
     pub fn push(&mut self, kind: OpKind) {
         self.ops.push(Op { line: 0, kind });
+    }
+}
+
+/// The name of a flavour as the `flavour` directive and `--flavour` write it.
+pub fn flavour_name(flavour: Flavour) -> &'static str {
+    match flavour {
+        Flavour::TorchNpu => "torch_npu",
+        Flavour::Cuda => "cuda",
     }
 }
 

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 
+use alloc_core::Flavour;
 use alloc_sim::{DeviceCall, Fault};
 
 use crate::op::{IdRef, Misuse, Op, OpKind, Trace};
@@ -103,6 +104,11 @@ pub enum TraceErrorKind {
         /// The line where it was first given.
         first_line: usize,
     },
+    /// A `flavour` other than `torch_npu` or `cuda`.
+    UnknownFlavour {
+        /// The token found.
+        token: String,
+    },
     /// A `fault` line naming a call the simulated device does not have.
     UnknownCall {
         /// The token found.
@@ -126,11 +132,12 @@ pub enum TraceErrorKind {
 
 /// Every keyword of the format (directives and operations), for the "keywords are lower case"
 /// hint and for tests that generate traces.
-pub const KEYWORDS: [&str; 19] = [
+pub const KEYWORDS: [&str; 20] = [
     "capacity",
     "conf",
     "device_overhead",
     "pad",
+    "flavour",
     "alloc",
     "free",
     "record",
@@ -196,6 +203,12 @@ impl fmt::Display for TraceErrorKind {
                 write!(
                     f,
                     "directive `{directive}` given twice (first at line {first_line})"
+                )
+            }
+            TraceErrorKind::UnknownFlavour { token } => {
+                write!(
+                    f,
+                    "unknown flavour `{token}`: expected `torch_npu` or `cuda`"
                 )
             }
             TraceErrorKind::UnknownCall { token } => write!(
@@ -286,6 +299,7 @@ enum Directive {
     Conf = 1,
     DeviceOverhead = 2,
     Pad = 3,
+    Flavour = 4,
 }
 
 impl Directive {
@@ -295,6 +309,7 @@ impl Directive {
             Directive::Conf => "conf",
             Directive::DeviceOverhead => "device_overhead",
             Directive::Pad => "pad",
+            Directive::Flavour => "flavour",
         }
     }
 }
@@ -385,7 +400,7 @@ fn is_blank(c: char) -> bool {
 struct Parser<'a> {
     trace: Trace,
     names: HashMap<&'a str, u32>,
-    seen: [Option<usize>; 4],
+    seen: [Option<usize>; 5],
     first_op_line: Option<usize>,
 }
 
@@ -394,7 +409,7 @@ impl<'a> Parser<'a> {
         Parser {
             trace: Trace::new(file),
             names: HashMap::new(),
-            seen: [None; 4],
+            seen: [None; 5],
             first_op_line: None,
         }
     }
@@ -416,6 +431,7 @@ impl<'a> Parser<'a> {
             "conf" => Some(Directive::Conf),
             "device_overhead" => Some(Directive::DeviceOverhead),
             "pad" => Some(Directive::Pad),
+            "flavour" => Some(Directive::Flavour),
             _ => None,
         };
         if let Some(d) = directive {
@@ -461,6 +477,17 @@ impl<'a> Parser<'a> {
                     });
                 }
                 self.trace.conf = Some(rest.to_owned());
+            }
+            Directive::Flavour => {
+                let token = args.need("torch_npu|cuda")?;
+                let flavour = [Flavour::TorchNpu, Flavour::Cuda]
+                    .into_iter()
+                    .find(|&f| crate::op::flavour_name(f) == token)
+                    .ok_or_else(|| TraceErrorKind::UnknownFlavour {
+                        token: token.to_owned(),
+                    })?;
+                args.end()?;
+                self.trace.flavour = Some(flavour);
             }
             Directive::Capacity | Directive::DeviceOverhead | Directive::Pad => {
                 let size = size_arg(args.need("<size>")?)?;

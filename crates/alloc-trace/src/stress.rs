@@ -15,7 +15,7 @@ use core::fmt;
 use std::time::Duration;
 
 use alloc_conf::AllocConf;
-use alloc_core::{Allocator, DeviceFacts, Notice};
+use alloc_core::{Allocator, DeviceFacts, Flavour, Notice};
 use alloc_sim::SimDevice;
 
 use crate::exec::{
@@ -41,6 +41,8 @@ pub struct StressParams {
     pub capacity: u64,
     /// Bytes added to every request before rounding (32: torch_npu).
     pub pad: u64,
+    /// Whose retry chain the allocator follows.
+    pub flavour: Flavour,
     /// Streams `0..streams` are used.
     pub streams: u64,
     /// Above this many live allocations the generator frees more than it allocates.
@@ -78,6 +80,7 @@ impl StressParams {
             conf,
             capacity: DEFAULT_CAPACITY,
             pad: DEFAULT_PAD,
+            flavour: Flavour::TorchNpu,
             streams: 4,
             max_live: DEFAULT_MAX_LIVE,
             fault_rate: DEFAULT_FAULT_RATE,
@@ -93,6 +96,7 @@ impl StressParams {
             capacity: self.capacity,
             device_overhead: 0,
             pad: self.pad,
+            flavour: self.flavour,
         }
     }
 
@@ -110,6 +114,7 @@ impl StressParams {
         Trace {
             capacity: Some(self.capacity),
             pad: Some(self.pad),
+            flavour: Some(self.flavour),
             conf: Some(self.conf_text.trim().to_owned()).filter(|c| !c.is_empty()),
             ..Trace::new(&format!("stress-seed-{}.trace", self.seed))
         }
@@ -119,12 +124,13 @@ impl StressParams {
     pub fn command(&self, ops: u64) -> String {
         format!(
             "cargo xtask stress --seed {} --ops {} --conf {:?} --capacity {} --pad {} \
-             --max-live {} --fault-rate {}{}",
+             --flavour {} --max-live {} --fault-rate {}{}",
             self.seed,
             ops,
             self.conf_text,
             self.capacity,
             self.pad,
+            crate::op::flavour_name(self.flavour),
             self.max_live,
             self.fault_rate,
             if self.sabotage { " --sabotage" } else { "" }

@@ -68,6 +68,9 @@ pub fn to_text(trace: &Trace) -> String {
     if let Some(p) = trace.pad {
         let _ = writeln!(out, "pad {p}");
     }
+    if let Some(f) = trace.flavour {
+        let _ = writeln!(out, "flavour {}", crate::op::flavour_name(f));
+    }
     if let Some(conf) = trace
         .conf
         .as_deref()
@@ -90,7 +93,8 @@ mod tests {
 
     #[test]
     fn every_operation_writes_a_line_that_parses_back() {
-        let text = "capacity 1073741824\ndevice_overhead 1024\npad 0\nconf max_split_size_mb:40\n\
+        let text = "capacity 1073741824\ndevice_overhead 1024\npad 0\nflavour cuda\n\
+                    conf max_split_size_mb:40\n\
                     alloc a 4096 0\nalloc b 0 2\nrecord a 1\ncomplete 1\ncomplete\nempty_cache\n\
                     fraction 1\nfraction 0.25\nreset_peak\nreset_accumulated\nstats\nstats mid\n\
                     fault malloc 2 oom\nfault free 1 error 5\nfree_interior a\nfree a\n\

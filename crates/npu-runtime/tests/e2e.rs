@@ -60,7 +60,8 @@ fn cache_hit_calls_no_device_malloc() {
     assert_eq!(stat(&rt, "num_device_alloc"), 1);
     assert_eq!(stat(&rt, "allocation.all.allocated"), 2);
     assert_eq!(stat(&rt, "allocated_bytes.all.peak"), 1536);
-    assert_eq!(rt.memory_stats(0).unwrap().len(), 122);
+    assert_eq!(rt.memory_stats(0).unwrap().len(), 123);
+    assert_eq!(stat(&rt, "num_oom_rejections"), 0);
     rt.free(b).unwrap();
     assert_eq!(rt.memory_allocated(0).unwrap(), 0);
     assert_eq!(rt.max_memory_allocated(0).unwrap(), 1536);
@@ -253,7 +254,28 @@ fn missing_library_is_a_typed_error_listing_the_path() {
 fn non_oom_errors_carry_the_acl_code_and_leave_state_consistent() {
     let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
     let rt = runtime(&fake, Config::default());
+    // torch_npu's chain: one failed device malloc is retried after synchronizing and freeing
+    // the cache (nothing cached yet), and the retry succeeds.
+    rt.mem_get_info(0).unwrap(); // opens the device
     fake.fail_next("aclrtMallocAlign32", 507_899, 1);
+    fake.clear_log();
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(
+        fake.log(),
+        [
+            "aclrtMallocAlign32",
+            "aclrtSynchronizeDevice",
+            "aclrtMallocAlign32"
+        ]
+    );
+    assert_eq!(stat(&rt, "num_alloc_retries"), 1);
+    assert_eq!(stat(&rt, "num_sync_all_streams"), 1);
+    assert_eq!(stat(&rt, "num_device_alloc"), 1);
+    rt.free(a).unwrap();
+    rt.empty_cache().unwrap();
+    rt.reset_accumulated_memory_stats(0).unwrap();
+    // Both attempts fail: the last attempt's error is raised, not out-of-memory.
+    fake.fail_next("aclrtMallocAlign32", 507_899, 2);
     let err = rt.malloc(1000, 0, Stream::DEFAULT).unwrap_err();
     assert_eq!(err.acl_code(), Some(507_899));
     assert!(!err.is_out_of_memory());
@@ -264,6 +286,8 @@ fn non_oom_errors_carry_the_acl_code_and_leave_state_consistent() {
     );
     assert_eq!(stat(&rt, "num_device_alloc"), 0);
     assert_eq!(stat(&rt, "num_ooms"), 0);
+    assert_eq!(stat(&rt, "num_alloc_retries"), 1);
+    assert_eq!(stat(&rt, "num_sync_all_streams"), 1);
     assert_eq!(rt.memory_reserved(0).unwrap(), 0);
 
     let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
