@@ -125,4 +125,19 @@ mod tests {
         assert_eq!(get(&r.records[1], "active.all.current"), 2, "a reused by c");
         assert_eq!(get(&r.end, "num_sync_all_streams"), 1);
     }
+
+    #[test]
+    fn frees_and_records_of_an_id_whose_alloc_ran_out_of_memory_are_skipped() {
+        // The parser cannot know which allocs fail; the replay skips what names a failed id
+        // until the id is allocated again.
+        let r = run("capacity 1M\nalloc a 2M\nfree a\nrecord a 1\nalloc a 512K\nfree a\n");
+        assert_eq!(r.counts.ooms, 1);
+        assert_eq!(r.counts.skipped, 2);
+        assert_eq!(get(&r.end, "num_ooms"), 1);
+        assert_eq!(
+            get(&r.end, "allocation.all.allocated"),
+            1,
+            "the second alloc of `a`"
+        );
+    }
 }

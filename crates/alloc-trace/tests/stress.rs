@@ -35,6 +35,17 @@ fn every_variant_passes_a_short_run_and_exercises_every_path() {
 }
 
 #[test]
+fn cudas_flavour_passes_a_short_run_too() {
+    // CUDA's retry chain (a device error is returned at once) with CUDA's zero pad.
+    let mut params = StressParams::new(0x5eed, OPS, "");
+    params.flavour = alloc_core::Flavour::Cuda;
+    params.pad = 0;
+    let report = stress::run(&params, Duration::from_secs(10)).unwrap_or_else(|f| panic!("{f}"));
+    assert!(report.counts.device_errors > 0);
+    assert_eq!(report.device_mallocs, report.device_frees);
+}
+
+#[test]
 fn the_same_seed_gives_the_same_run() {
     let params = StressParams::new(99, 1_000, "max_split_size_mb:40");
     let a = stress::run(&params, Duration::ZERO).unwrap();

@@ -27,6 +27,9 @@ pub(crate) struct Args {
     /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA); overrides `pad`.
     #[arg(long, value_parser = parse_size_arg)]
     pad: Option<u64>,
+    /// Whose retry chain to follow (torch_npu or cuda); overrides the trace's `flavour`.
+    #[arg(long, value_parser = crate::stress::parse_flavour)]
+    flavour: Option<alloc_core::Flavour>,
     /// Judge every operation's result and check every invariant after it (what `stress` does);
     /// the first failure is printed and the exit code is 1.
     #[arg(long)]
@@ -56,7 +59,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
     for w in &parsed.warnings {
         eprintln!("warning: alloc conf: {w}");
     }
-    let setup = Setup::from_trace(&trace, parsed.conf, args.capacity, args.pad);
+    let mut setup = Setup::from_trace(&trace, parsed.conf, args.capacity, args.pad);
+    if let Some(f) = args.flavour {
+        setup.flavour = f;
+    }
     let start = Instant::now();
     let result = if args.check {
         let checks = if args.sabotage {

@@ -6,8 +6,9 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use alloc_core::FormatSize;
+use alloc_core::{Flavour, FormatSize};
 use alloc_trace::Report;
+use alloc_trace::flavour_name;
 use alloc_trace::stress::{self, StressParams, VARIANTS};
 
 use crate::replay::parse_size_arg;
@@ -30,6 +31,10 @@ pub(crate) struct Args {
     /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA; at most 1 GiB).
     #[arg(long, value_parser = parse_pad, default_value_t = 32)]
     pad: u64,
+    /// Whose retry chain the allocator follows: torch_npu (a device error runs the whole chain)
+    /// or cuda (it is returned at once).
+    #[arg(long, value_parser = parse_flavour, default_value = "torch_npu")]
+    flavour: Flavour,
     /// Probability that an operation injects a device fault (0 turns fault injection off).
     #[arg(long, default_value_t = stress::DEFAULT_FAULT_RATE, value_parser = parse_rate)]
     fault_rate: f64,
@@ -54,6 +59,14 @@ fn parse_pad(s: &str) -> Result<u64, String> {
     }
 }
 
+/// `torch_npu` or `cuda`, as the trace's `flavour` directive.
+pub(crate) fn parse_flavour(s: &str) -> Result<Flavour, String> {
+    [Flavour::TorchNpu, Flavour::Cuda]
+        .into_iter()
+        .find(|&f| flavour_name(f) == s)
+        .ok_or_else(|| format!("`{s}` is not a flavour: torch_npu or cuda"))
+}
+
 fn parse_rate(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
@@ -76,11 +89,12 @@ pub(crate) fn run(args: Args) -> ExitCode {
             .collect(),
     };
     println!(
-        "stress: seed {seed}, {} operations per configuration, capacity {}, pad {}, fault rate {}, \
-         max live {}",
+        "stress: seed {seed}, {} operations per configuration, capacity {}, pad {}, flavour {}, \
+         fault rate {}, max live {}",
         args.ops,
         FormatSize(args.capacity),
         args.pad,
+        flavour_name(args.flavour),
         args.fault_rate,
         args.max_live
     );
@@ -97,6 +111,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         let mut params = StressParams::new(seed, args.ops, &conf);
         params.capacity = args.capacity;
         params.pad = args.pad;
+        params.flavour = args.flavour;
         params.fault_rate = args.fault_rate;
         params.max_live = args.max_live;
         params.sabotage = args.sabotage;
