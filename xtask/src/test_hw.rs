@@ -1,6 +1,6 @@
 //! `cargo xtask test-hw`: the hardware suite on a real Ascend box.
 //!
-//! First the probe chain of ascend-acl.md §5, in order, stopping at the first step that fails:
+//! First the probe chain of docs/acl.md, in order, stopping at the first step that fails:
 //! a `/dev/davinci<N>` node, `libascendcl.so` found and loaded, `aclInit`, a device count
 //! above 0, `aclrtSetDevice(0)`, an HBM total above 0. A toolkit-only box (CANN's stub
 //! `devlib`) loads the library and fails a later step, so each step is reported.
@@ -94,7 +94,7 @@ fn probe(explicit: Option<&Path>) -> Result<Lib, (usize, String)> {
 
 /// Runs `cargo xtask test-hw`.
 pub(crate) fn run(args: Args) -> ExitCode {
-    println!("test-hw: probing for Ascend hardware (ascend-acl.md section 5)");
+    println!("test-hw: probing for Ascend hardware (see docs/acl.md)");
     let lib = match probe(args.lib.as_deref()) {
         Ok(lib) => lib,
         Err((step, why)) => {

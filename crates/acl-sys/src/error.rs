@@ -1,6 +1,6 @@
 //! ACL error codes, their names, and [`AclError`], the one error type of this crate.
 //!
-//! Codes are those of `acl_base.h` and `rt_error_codes.h` (ascend-acl.md §1.4). Out-of-memory is
+//! Codes are those of `acl_base.h` and `rt_error_codes.h` (docs/acl.md). Out-of-memory is
 //! classified as torch_npu does (§1.4 "Telling OOM apart", §7): see
 //! [`AclError::is_out_of_memory`].
 
@@ -168,7 +168,7 @@ pub const ERROR_NAMES: &[(AclCode, &str)] = &[
 ];
 
 /// Codes that mean "out of device memory": 207001 (the one torch_npu's malloc path checks),
-/// 207018 (device memory exhausted) and 200000 (bad alloc), per ascend-acl.md §7.
+/// 207018 (device memory exhausted) and 200000 (bad alloc), as docs/acl.md explains.
 pub const OOM_CODES: &[AclCode] = &[
     ACL_ERROR_RT_MEMORY_ALLOCATION,
     ACL_ERROR_RT_DEVICE_OOM,

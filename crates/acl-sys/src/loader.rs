@@ -8,7 +8,7 @@
 //! opens, [`AclError::NotFound`] lists every one tried with the loader's error.
 //!
 //! Trust: loading runs the library's initialisers and calls its functions through the
-//! signatures of ascend-acl.md §1.2. Whatever path is tried (the caller's, the
+//! signatures of CANN's `acl_rt.h` (docs/acl.md). Whatever path is tried (the caller's, the
 //! `NPU_ALLOC_ACL_LIB` environment variable's, or a CANN install location) is trusted to be a
 //! `libascendcl` or a faithful stand-in such as testkit's fake.
 

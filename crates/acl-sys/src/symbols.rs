@@ -76,7 +76,7 @@ macro_rules! acl_functions {
             ///
             /// # Safety
             /// `library` must be a `libascendcl` whose symbols of these names have the C
-            /// signatures declared above (ascend-acl.md §1.2).
+            /// signatures declared above (CANN's `acl_rt.h`; docs/acl.md).
             #[allow(non_snake_case)]
             unsafe fn resolve(library: &Library) -> core::result::Result<Self, Vec<&'static str>> {
                 let mut missing: Vec<&'static str> = Vec::new();

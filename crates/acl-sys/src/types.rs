@@ -4,7 +4,7 @@
 //! with associated constants, never as Rust `enum`s: a value written by the library (an event
 //! status, a future enumerator) may be one this crate does not know, and such a value in a Rust
 //! `enum` would be undefined behaviour. A newtype is passed exactly like the C enum.
-//! Values are those of ascend-acl.md §1.3 (headers 1.15 and 1.17).
+//! Values are those of CANN's ACL headers 1.15 and 1.17 (docs/acl.md).
 
 use core::ffi::c_void;
 use core::fmt;

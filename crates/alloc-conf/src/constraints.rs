@@ -1,5 +1,5 @@
 //! The checks between keys (torch_npu's "使用约束"), run after every item has been read, in the
-//! spec's order. Each key gets at most one warning from them; the effects always apply.
+//! documented order (docs/alloc-conf.md). Each key gets at most one warning from them; the effects always apply.
 
 use alloc::format;
 use alloc::string::String;

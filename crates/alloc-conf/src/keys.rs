@@ -42,7 +42,7 @@ pub enum Key {
 pub(crate) const KEY_COUNT: usize = 16;
 
 impl Key {
-    /// Every supported key, in the order of the spec's table (and of the canonical string).
+    /// Every supported key, in the order of docs/alloc-conf.md's table (and of the canonical string).
     pub const ALL: [Key; KEY_COUNT] = [
         Key::MaxSplitSizeMb,
         Key::MaxNonSplitRoundingMb,

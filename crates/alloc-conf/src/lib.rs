@@ -1,5 +1,5 @@
 //! The allocator configuration: the typed [`AllocConf`] that `alloc-core` consumes, and the grammar
-//! of `PYTORCH_NPU_ALLOC_CONF`-style strings (`shared/spec/alloc-conf.md`).
+//! of `PYTORCH_NPU_ALLOC_CONF`-style strings (the repository's `docs/alloc-conf.md`).
 //!
 //! - [`parse`] reads a string into a [`Parsed`]: the configuration plus typed [`Warning`]s. Bad
 //!   input never aborts; it is reported and ignored, and the default stays. [`Parsed::strict`]

@@ -8,7 +8,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-/// What kind of problem a [`Warning`] reports; [`WarningKind::name`] is the spec's snake_case name.
+/// What kind of problem a [`Warning`] reports; [`WarningKind::name`] is the documented snake_case name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WarningKind {
     /// A key neither torch, torch_npu nor this crate knows.
@@ -30,7 +30,7 @@ pub enum WarningKind {
 }
 
 impl WarningKind {
-    /// Every kind, in the order the spec lists them.
+    /// Every kind, in the order docs/alloc-conf.md lists them.
     pub const ALL: [WarningKind; 8] = [
         WarningKind::UnknownKey,
         WarningKind::UnsupportedKey,

@@ -4,7 +4,8 @@
 //! free large-pool segments are released, oldest first: a pass frees every such segment whose
 //! age (pool lookups since it became free) is at least the average age, and passes repeat until
 //! enough is reclaimed. Torch only has a limit when a fraction is set; here the device's total
-//! memory serves when no fraction is set (seed 000), and GC is off when neither is known.
+//! memory serves when no fraction is set (a deliberate deviation, docs/deviations.md), and GC is
+//! off when neither is known.
 
 use alloc::vec::Vec;
 

@@ -4,7 +4,9 @@
 //! [`Allocator`] is one device's cache. A runtime wraps it in a lock per device, implements
 //! [`Device`] over its driver, and calls [`Allocator::malloc`] / [`Allocator::free`]. Everything
 //! the user can observe (rounding, pools, split and merge, the miss path, GC aging, stats) follows
-//! `torch-allocator.md`; where torch_npu differs (the 32-byte pad, the OOM message) torch_npu wins.
+//! PyTorch's `CUDACachingAllocator`; where torch_npu differs (the 32-byte pad, the OOM message, the
+//! retry chain after a device error) torch_npu wins, and docs/deviations.md lists the few
+//! deliberate differences.
 #![no_std]
 #![forbid(unsafe_code)]
 #![warn(unreachable_pub)]

@@ -1,5 +1,5 @@
 //! Size rounding, pool choice and segment sizing: torch's `round_size`, `get_pool` and
-//! `get_allocation_size` (`torch-allocator.md` section 2, `ascend-acl.md` 2.3).
+//! `get_allocation_size`, with torch_npu's 32-byte pad and `page_size:1g`.
 
 use alloc_conf::AllocConf;
 

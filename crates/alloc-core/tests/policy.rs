@@ -1,4 +1,4 @@
-//! The worked examples of `torch-allocator.md` sections 2–4, run through the allocator on the
+//! Worked examples of torch's rounding, pools, split rules, miss path and stats, run through the allocator on the
 //! simulated device, with exact numbers.
 
 mod common;

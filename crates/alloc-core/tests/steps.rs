@@ -1,5 +1,5 @@
 //! `begin_malloc` / `resume_malloc`: the miss path stopped at each device malloc, as a runtime
-//! drives it with `release_lock_on_npumalloc:True` (torch-allocator.md 3.3 and 3.4; ascend-acl.md
+//! drives it with `release_lock_on_npumalloc:True` (torch's `malloc` and `alloc_block`; torch_npu's
 //! 2.4). Numbers are those of the plain `malloc` tests in `policy.rs`.
 
 mod common;

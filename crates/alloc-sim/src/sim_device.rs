@@ -11,7 +11,7 @@
 //! a fresh device is always at `0x1_0000_0000`, the next one at the following 2 MiB boundary past
 //! its end, and so on.
 //!
-//! Capacity follows the trace spec: a `malloc` fails with [`DeviceError::OutOfMemory`] when the
+//! Capacity follows the trace format (docs/trace-format.md): a `malloc` fails with [`DeviceError::OutOfMemory`] when the
 //! bytes handed out plus the device overhead plus the request exceed the capacity, and
 //! [`Device::mem_info`] reports `(capacity - overhead - handed out, capacity)`.
 

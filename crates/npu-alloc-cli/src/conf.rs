@@ -1,5 +1,5 @@
 //! `npu-alloc conf`: parse an allocator config string (or the environment) and explain the
-//! result, as text or as the JSON object of `alloc-conf.md`.
+//! result, as text or as the JSON object of `docs/alloc-conf.md`.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -52,7 +52,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     }
 }
 
-/// The spec's JSON object: `source`, `config` (bytes, nulls for unset) and `warnings`.
+/// The documented JSON object (docs/alloc-conf.md): `source`, `config` (bytes, nulls for unset) and `warnings`.
 fn to_json(loaded: &Loaded) -> Value {
     let c = &loaded.parsed.conf;
     let mut config = Map::new();

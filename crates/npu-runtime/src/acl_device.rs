@@ -1,6 +1,6 @@
 //! The ACL device: `alloc-core`'s [`Device`] over a loaded `libascendcl` ([`acl_sys::Lib`]).
 //!
-//! - Memory calls act on the calling thread's current device (ascend-acl.md §1.1), so every
+//! - Memory calls act on the calling thread's current device (docs/acl.md), so every
 //!   call first binds the device with `aclrtSetDevice`, once per thread and device: the binding
 //!   is remembered per thread, as torch_npu's `c10_npu::SetDevice` does. Code that changes the
 //!   thread's device behind the runtime's back must not share the thread with it.

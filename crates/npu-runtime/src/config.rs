@@ -1,5 +1,5 @@
 //! The runtime's configuration: the allocator config (`alloc-conf`, from the first of the
-//! config variables that is set, see alloc-conf.md) and whether caching is on
+//! config variables that is set, see docs/alloc-conf.md) and whether caching is on
 //! (`PYTORCH_NO_NPU_MEMORY_CACHING`).
 //!
 //! [`Config::from_lookup`] is pure (a lookup closure stands for the environment);

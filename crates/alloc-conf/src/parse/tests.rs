@@ -388,7 +388,7 @@ fn key_backend() {
 
 #[test]
 fn key_table_is_the_spec_table() {
-    // Guard for the per-key tests above: exactly the spec's 16 keys, in its order.
+    // Guard for the per-key tests above: exactly the documented 16 keys, in their order.
     let names: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(
         names,
@@ -570,7 +570,7 @@ fn warnings_come_in_item_order_and_do_not_stop_parsing() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Constraints between keys (seed 001, "使用约束"), in the spec's order
+// Constraints between keys (torch_npu's "使用约束"), in the order docs/alloc-conf.md gives
 
 #[test]
 fn constraint_1_max_split_below_large_segment_size() {
@@ -769,7 +769,7 @@ fn page_size_with_other_keys_is_accepted() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// torch_npu's "配置示例" (seed 001), each as the variable's value
+// torch_npu's "配置示例" (its PYTORCH_NPU_ALLOC_CONF documentation), each as the variable's value
 
 /// Parses an example through the precedence, as `PYTORCH_NPU_ALLOC_CONF`.
 fn example(value: &str) -> AllocConf {

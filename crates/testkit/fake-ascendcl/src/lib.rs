@@ -1,5 +1,5 @@
 //! A fake `libascendcl.so` for end-to-end tests: the ACL symbols `npu-runtime` uses, exported
-//! with their C signatures (ascend-acl.md §1.2) over a small simulated device.
+//! with their C signatures (CANN's `acl_rt.h`; see docs/acl.md) over a small simulated device.
 //!
 //! The simulated device, per process (or per copy of this file loaded under another path, since
 //! the dynamic loader gives each copy its own statics):
