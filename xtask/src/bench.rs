@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 /// Arguments of `cargo xtask bench`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Short warm-up and measurement times (the whole run fits in about two minutes).
+    /// Short warm-up and measurement times (about 25 seconds once built).
     #[arg(long)]
     quick: bool,
     /// One JSON object per line instead of a table.

@@ -1,8 +1,9 @@
 //! Prints the replay benchmark's synthetic trace, for profiling a replay outside criterion:
 //!
 //! ```text
-//! cargo run --release -p testkit --example synthetic_trace -- 200000 > /tmp/big.trace
-//! valgrind --tool=callgrind target/release/xtask replay /tmp/big.trace
+//! cargo run --release -p alloc-trace --example synthetic_trace -- 200000 > /tmp/big.trace
+//! cargo build --release -p npu-alloc-cli
+//! valgrind --tool=callgrind target/release/npu-alloc replay /tmp/big.trace
 //! ```
 //!
 //! Arguments: operations (default 200,000), live-allocation cap (256), seed (42): the values

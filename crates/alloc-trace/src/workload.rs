@@ -32,9 +32,12 @@ pub fn hit_size(i: usize) -> u64 {
     HIT_SIZES[i % HIT_SIZES.len()]
 }
 
-/// An allocator (CUDA parity, no pad) holding `cached` free blocks, each between two live
-/// blocks so none can merge: block `2j` stays live and block `2j + 1` is freed, both of size
-/// `hit_size(j)`. Returns the allocator and the live addresses.
+/// An allocator (CUDA parity, no pad) after `cached` rounds of: allocate two blocks of
+/// `hit_size(j)`, keep the first, free the second. Returns the allocator and the live addresses.
+///
+/// Few free blocks stay cached: each freed block is the last one carved from its segment, so it
+/// merges with the segment's free tail, or it is taken again by the next allocation of its size
+/// (see docs/performance.md).
 pub fn cached_allocator(cached: usize) -> (Allocator<SimDevice>, Vec<u64>) {
     let mut alloc = Allocator::new(
         SimDevice::new(u64::MAX / 2),

@@ -26,7 +26,7 @@ fn runtime_hit(c: &mut Criterion) {
         |i| Ok((SimDevice::new(u64::MAX / 2), DeviceFacts::cuda_parity(i))),
         Config::default(),
     );
-    // The population of `core_hit/16`: 16 free blocks, each between two live ones.
+    // The population of `core_hit/16` (`cached_allocator(16)`), built through the runtime.
     let mut live = Vec::new();
     for j in 0..16 {
         live.push(rt.malloc(hit_size(j), 0, S0).unwrap());
