@@ -244,6 +244,16 @@ pub enum AclError {
         /// The C function that did it.
         function: &'static str,
     },
+    /// A function reported success with a value no working library returns (a device count in
+    /// the billions: a library that does not match the declared signature).
+    ImplausibleResult {
+        /// The C function that did it.
+        function: &'static str,
+        /// The value it reported.
+        value: u64,
+        /// The largest plausible value.
+        limit: u64,
+    },
 }
 
 impl AclError {
@@ -356,6 +366,15 @@ impl fmt::Display for AclError {
             AclError::NullResult { function } => {
                 write!(f, "{function} reported success but returned a null result")
             }
+            AclError::ImplausibleResult {
+                function,
+                value,
+                limit,
+            } => write!(
+                f,
+                "{function} reported {value}, more than the plausible {limit}: the loaded library \
+                 does not behave like libascendcl"
+            ),
         }
     }
 }
@@ -469,6 +488,11 @@ mod tests {
             },
             AclError::NullResult {
                 function: "aclrtMalloc",
+            },
+            AclError::ImplausibleResult {
+                function: "aclrtGetDeviceCount",
+                value: 1_094_795_585,
+                limit: 1024,
             },
         ];
         for e in errs {

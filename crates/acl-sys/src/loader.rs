@@ -8,9 +8,15 @@
 //! opens, [`AclError::NotFound`] lists every one tried with the loader's error.
 //!
 //! Trust: loading runs the library's initialisers and calls its functions through the
-//! signatures of CANN's `acl_rt.h` (docs/acl.md). Whatever path is tried (the caller's, the
-//! `NPU_ALLOC_ACL_LIB` environment variable's, or a CANN install location) is trusted to be a
-//! `libascendcl` or a faithful stand-in such as testkit's fake.
+//! signatures of CANN's `acl_rt.h` (docs/acl.md); a library that is not a `libascendcl` (or a
+//! faithful stand-in such as testkit's fake) can do anything. So, as in `libloading` and ash:
+//! - loading a path the caller chooses ([`Lib::load`], [`Lib::load_first`],
+//!   [`Lib::search_with_env`]) is an `unsafe fn`, the caller's promise;
+//! - [`Lib::search`] and [`Lib::global`] stay safe: they try only the places the process's
+//!   operator configures for the installed driver (`NPU_ALLOC_ACL_LIB`, the CANN install
+//!   variables and locations, the system loader's path), the same trust the dynamic loader
+//!   gives `LD_LIBRARY_PATH` when a program links `libascendcl` directly. cudarc and wgpu treat
+//!   the installed driver the same way.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -107,15 +113,16 @@ where
 }
 
 /// Opens one candidate: a directory stands for the `libascendcl.so` inside it.
-fn open(candidate: &Path) -> core::result::Result<(Library, PathBuf), LoadAttempt> {
+///
+/// # Safety
+/// `candidate` must be a `libascendcl` (or a faithful stand-in): its initialisers run.
+unsafe fn open(candidate: &Path) -> core::result::Result<(Library, PathBuf), LoadAttempt> {
     let path = if candidate.is_dir() {
         candidate.join(LIB_NAME)
     } else {
         candidate.to_path_buf()
     };
-    // SAFETY: loading runs the library's initialisers. Every candidate is a libascendcl
-    // location (or a path the caller or the environment vouches for, see the module doc), whose
-    // initialisers are safe to run on any thread.
+    // SAFETY: loading runs the library's initialisers; the caller vouches for the library.
     match unsafe { Library::new(&path) } {
         Ok(library) => Ok((library, path)),
         Err(e) => Err(LoadAttempt {
@@ -131,21 +138,35 @@ impl Lib {
     ///
     /// Errors: [`AclError::NotFound`] with this one attempt when it cannot be opened,
     /// [`AclError::MissingSymbols`] when it opens but lacks required symbols.
-    pub fn load(path: impl AsRef<Path>) -> Result<Lib> {
-        Lib::load_first([path.as_ref()])
+    ///
+    /// ```compile_fail
+    /// // Loading a caller-chosen library runs its code: not without `unsafe`.
+    /// let lib = acl_sys::Lib::load("/tmp/libascendcl.so");
+    /// ```
+    ///
+    /// # Safety
+    /// `path` must be a `libascendcl` (or a faithful stand-in): loading runs its initialisers,
+    /// and its exported functions are called through the signatures of CANN's `acl_rt.h`.
+    pub unsafe fn load(path: impl AsRef<Path>) -> Result<Lib> {
+        // SAFETY: forwarded to the caller.
+        unsafe { Lib::load_first([path.as_ref()]) }
     }
 
     /// Loads the first of `candidates` that opens; see the module doc for the rules.
-    pub fn load_first<I>(candidates: I) -> Result<Lib>
+    ///
+    /// # Safety
+    /// Every candidate must be a `libascendcl` (or a faithful stand-in), as for [`Lib::load`].
+    pub unsafe fn load_first<I>(candidates: I) -> Result<Lib>
     where
         I: IntoIterator,
         I::Item: AsRef<Path>,
     {
         let mut searched = Vec::new();
         for candidate in candidates {
-            match open(candidate.as_ref()) {
-                // SAFETY: the opened library is trusted to be a libascendcl (module doc), so
-                // its symbols have the signatures the table declares.
+            // SAFETY: the caller vouches for every candidate.
+            match unsafe { open(candidate.as_ref()) } {
+                // SAFETY: the opened library is a libascendcl by the caller's promise, so its
+                // symbols have the signatures the table declares.
                 Ok((library, path)) => return unsafe { Lib::from_library(library, path) },
                 Err(attempt) => searched.push(attempt),
             }
@@ -153,17 +174,26 @@ impl Lib {
         Err(AclError::NotFound { searched })
     }
 
-    /// Searches [`candidate_paths`] with `explicit` first and the process environment.
-    pub fn search(explicit: Option<&Path>) -> Result<Lib> {
-        Lib::search_with_env(explicit, |name| std::env::var_os(name))
+    /// Searches [`candidate_paths`] of the process environment: the installed driver, where the
+    /// operator put it (see the module doc for why this is safe).
+    pub fn search() -> Result<Lib> {
+        // SAFETY: the candidates are the operator's configuration of the installed driver
+        // (`NPU_ALLOC_ACL_LIB`, the CANN install variables and locations, the system loader),
+        // trusted as the dynamic loader trusts `LD_LIBRARY_PATH` (module doc).
+        unsafe { Lib::search_with_env(None, |name| std::env::var_os(name)) }
     }
 
     /// Searches [`candidate_paths`] with `explicit` first and `env` as the environment.
-    pub fn search_with_env<F>(explicit: Option<&Path>, env: F) -> Result<Lib>
+    ///
+    /// # Safety
+    /// Every path `explicit` and `env` lead to must be a `libascendcl` (or a faithful stand-in),
+    /// as for [`Lib::load`].
+    pub unsafe fn search_with_env<F>(explicit: Option<&Path>, env: F) -> Result<Lib>
     where
         F: Fn(&str) -> Option<OsString>,
     {
-        Lib::load_first(candidate_paths(explicit, env))
+        // SAFETY: forwarded to the caller.
+        unsafe { Lib::load_first(candidate_paths(explicit, env)) }
     }
 
     /// The process-wide library, searched for once ([`Lib::search`] with no explicit path) and
@@ -171,7 +201,7 @@ impl Lib {
     pub fn global() -> Result<&'static Lib> {
         static GLOBAL: OnceLock<Result<Lib>> = OnceLock::new();
         GLOBAL
-            .get_or_init(|| Lib::search(None))
+            .get_or_init(Lib::search)
             .as_ref()
             .map_err(Clone::clone)
     }
@@ -299,7 +329,8 @@ mod tests {
             dir.clone(),
         ];
         std::fs::create_dir_all(&dir).unwrap();
-        let err = Lib::load_first(&paths).unwrap_err();
+        // SAFETY: none of the candidates exists or holds a library.
+        let err = unsafe { Lib::load_first(&paths) }.unwrap_err();
         std::fs::remove_dir_all(&dir).unwrap();
         let AclError::NotFound { searched } = &err else {
             panic!("expected NotFound, got {err:?}");
@@ -322,7 +353,8 @@ mod tests {
 
     #[test]
     fn load_missing_file_is_not_found_with_one_attempt() {
-        let err = Lib::load("/nonexistent-acl-sys/libascendcl.so").unwrap_err();
+        // SAFETY: the path does not exist.
+        let err = unsafe { Lib::load("/nonexistent-acl-sys/libascendcl.so") }.unwrap_err();
         match err {
             AclError::NotFound { searched } => {
                 assert_eq!(searched.len(), 1);
@@ -347,7 +379,9 @@ mod tests {
     #[test]
     fn library_without_acl_symbols_is_missing_symbols() {
         for name in ["libc.so.6", "libm.so.6"] {
-            let err = Lib::load(name).unwrap_err();
+            // SAFETY: the C library's initialisers are already run in this process; no ACL
+            // symbol is found, so nothing is called through a wrong signature.
+            let err = unsafe { Lib::load(name) }.unwrap_err();
             match &err {
                 AclError::MissingSymbols { library, symbols } => {
                     assert_eq!(library, Path::new(name));
@@ -378,8 +412,10 @@ mod tests {
         // The environment override names libm: it opens, so the search ends there with
         // MissingSymbols rather than falling through to later candidates.
         let env = env_of(&[("NPU_ALLOC_ACL_LIB", "libm.so.6")]);
+        // SAFETY: the explicit path does not exist and libm has no ACL symbol to call.
         let err =
-            Lib::search_with_env(Some(Path::new("/nonexistent-acl-sys/x.so")), env).unwrap_err();
+            unsafe { Lib::search_with_env(Some(Path::new("/nonexistent-acl-sys/x.so")), env) }
+                .unwrap_err();
         match err {
             AclError::MissingSymbols { library, .. } => assert_eq!(library, Path::new("libm.so.6")),
             other => panic!("expected MissingSymbols, got {other:?}"),
@@ -389,7 +425,8 @@ mod tests {
     #[test]
     fn explicit_path_wins_over_env() {
         let env = env_of(&[("NPU_ALLOC_ACL_LIB", "libm.so.6")]);
-        let err = Lib::search_with_env(Some(Path::new("libc.so.6")), env).unwrap_err();
+        // SAFETY: libc and libm have no ACL symbol to call.
+        let err = unsafe { Lib::search_with_env(Some(Path::new("libc.so.6")), env) }.unwrap_err();
         match err {
             AclError::MissingSymbols { library, .. } => assert_eq!(library, Path::new("libc.so.6")),
             other => panic!("expected MissingSymbols, got {other:?}"),
@@ -401,7 +438,9 @@ mod tests {
         // On a machine with a real CANN install the search may succeed; only check the error.
         let env = env_of(&[("NPU_ALLOC_ACL_LIB", "/nonexistent-acl-sys/override.so")]);
         let expected = candidate_paths(None, &env);
-        match Lib::search_with_env(None, &env) {
+        // SAFETY: the override does not exist; the rest are the installed driver's locations,
+        // trusted as `Lib::search` trusts them.
+        match unsafe { Lib::search_with_env(None, &env) } {
             Err(AclError::NotFound { searched }) => {
                 let tried: Vec<_> = searched.into_iter().map(|a| a.path).collect();
                 assert_eq!(tried, expected);

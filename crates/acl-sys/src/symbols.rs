@@ -162,6 +162,10 @@ acl_functions! {
     }
 }
 
+/// The most devices a library may report: far above any machine's NPU count (torch_npu is built
+/// for 16), far below a garbage count.
+pub const MAX_DEVICES: u32 = 1024;
+
 /// The VMM symbols expandable segments need (granularity is optional: callers fall back to
 /// 2 MiB).
 pub const VMM_SYMBOLS: &[&str] = &[
@@ -467,11 +471,22 @@ impl Lib {
     }
 
     /// `aclrtGetDeviceCount`: visible devices (honours `ASCEND_RT_VISIBLE_DEVICES`).
+    ///
+    /// A count above [`MAX_DEVICES`] is [`AclError::ImplausibleResult`]: no machine has that many
+    /// NPUs, and a runtime would size its tables by it.
     pub fn device_count(&self) -> Result<u32> {
         let mut count = 0u32;
         // SAFETY: the out-pointer is a valid, writable local.
         let code = unsafe { (self.functions.aclrtGetDeviceCount)(&mut count) };
-        self.check("aclrtGetDeviceCount", code).map(|()| count)
+        self.check("aclrtGetDeviceCount", code)?;
+        if count > MAX_DEVICES {
+            return Err(AclError::ImplausibleResult {
+                function: "aclrtGetDeviceCount",
+                value: u64::from(count),
+                limit: u64::from(MAX_DEVICES),
+            });
+        }
+        Ok(count)
     }
 
     /// `aclrtMalloc(&p, size, policy)` on the current device. ACL pads the size (+32 bytes).
@@ -543,7 +558,10 @@ impl Lib {
     ///
     /// # Safety
     /// `stream` must be a live stream of this library that no copy of the handle will be used
-    /// with afterwards (`Stream` is `Copy`).
+    /// with afterwards (`Stream` is `Copy`). That includes the caching allocator: a block
+    /// recorded on the stream (`record_stream`) gets an event recorded on it when it is freed,
+    /// and that event is polled until it completes. Free such blocks, and let the allocator
+    /// process their events (any `malloc`, or `empty_cache`), before destroying the stream.
     pub unsafe fn destroy_stream(&self, stream: Stream) -> Result<()> {
         let f = optional!(self.aclrtDestroyStream);
         // SAFETY: the caller guarantees the stream is live and not used afterwards.

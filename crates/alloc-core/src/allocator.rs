@@ -69,9 +69,11 @@ impl DeviceFacts {
 /// Something the embedder should tell its user once; the allocator keeps working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
-    /// `garbage_collection_threshold` is set but the device reports no total memory: GC is off.
+    /// `garbage_collection_threshold` is set but the device did not report its total memory: GC
+    /// is off until it does (asked again at each cache miss).
     GcWithoutMemInfo,
-    /// `per_process_memory_fraction` is set but the device reports no total memory: no limit.
+    /// `per_process_memory_fraction` is set but the device did not report its total memory: no
+    /// limit until it does (asked again at each cache miss).
     FractionWithoutMemInfo,
     /// `expandable_segments:True` is not implemented by this allocator yet; it behaves as
     /// `False`, as torch does on platforms without virtual-memory support.
@@ -87,10 +89,10 @@ impl core::fmt::Display for Notice {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.write_str(match self {
             Notice::GcWithoutMemInfo => {
-                "garbage_collection_threshold is ignored: the device does not report its total memory (mem_get_info unavailable)"
+                "garbage_collection_threshold is ignored until the device reports its total memory (mem_get_info failed); it is asked again at the next cache miss"
             }
             Notice::FractionWithoutMemInfo => {
-                "per_process_memory_fraction is ignored: the device does not report its total memory"
+                "per_process_memory_fraction is ignored until the device reports its total memory (mem_get_info failed); it is asked again at the next cache miss"
             }
             Notice::ExpandableSegmentsUnsupported => {
                 "expandable_segments is not supported by this allocator yet; using expandable_segments:False"
@@ -146,8 +148,13 @@ pub struct Allocator<D: Device> {
     pub(crate) stats: DeviceStats,
     /// Bytes of all device segments: torch's `total_allocated_memory`.
     pub(crate) total_allocated: u64,
-    /// The per-process limit; `None` when the fraction is 1.
+    /// The per-process limit; `None` when the fraction is 1 (or while the device's total is
+    /// unknown).
     pub(crate) allowed: Option<u64>,
+    /// The fraction asked for, applied as `allowed` once the total is known.
+    pub(crate) fraction: f64,
+    /// The device's total memory; asked again (on a cache miss, or when a fraction is set) for as
+    /// long as the device could not tell, as torch_npu asks when it needs it.
     pub(crate) total_memory: Option<u64>,
     /// The GC limit in bytes while GC is on; recomputed whenever the fraction changes, because
     /// every pool lookup asks whether GC is on.
@@ -178,14 +185,9 @@ impl<D: Device> Allocator<D> {
             notice(&mut notices, Notice::GcWithoutMemInfo);
         }
         let fraction = conf.per_process_memory_fraction;
-        let allowed = match total_memory {
-            Some(total) if fraction < 1.0 => Some((fraction * total as f64) as u64),
-            None if fraction < 1.0 => {
-                notice(&mut notices, Notice::FractionWithoutMemInfo);
-                None
-            }
-            _ => None,
-        };
+        if fraction < 1.0 && total_memory.is_none() {
+            notice(&mut notices, Notice::FractionWithoutMemInfo);
+        }
         let stats = DeviceStats {
             max_split_size: conf.max_split_size,
             ..DeviceStats::default()
@@ -201,13 +203,46 @@ impl<D: Device> Allocator<D> {
             events: EventQueues::default(),
             stats,
             total_allocated: 0,
-            allowed,
+            allowed: None,
+            fraction,
             total_memory,
             gc_limit: None,
             notices,
         };
-        allocator.update_gc_limit();
+        allocator.apply_limits();
         allocator
+    }
+
+    /// The device's total memory, asked of the device again if it could not tell before.
+    pub(crate) fn refresh_total_memory(&mut self) -> Option<u64> {
+        if self.total_memory.is_none() {
+            self.total_memory = self.device.mem_info().ok().map(|m| m.total);
+        }
+        self.total_memory
+    }
+
+    /// Whether a setting waits for the device's total memory (a fraction below 1, or a GC
+    /// threshold), which is then asked again.
+    #[inline]
+    pub(crate) fn limits_pending(&self) -> bool {
+        self.total_memory.is_none()
+            && (self.fraction < 1.0 || self.conf.garbage_collection_threshold.is_some())
+    }
+
+    /// Asks for the total again if a setting waits for it, and applies the limits it gives.
+    pub(crate) fn refresh_limits(&mut self) {
+        if self.limits_pending() && self.refresh_total_memory().is_some() {
+            self.apply_limits();
+        }
+    }
+
+    /// Sets `allowed` from the fraction and the total, and the GC limit from them.
+    fn apply_limits(&mut self) {
+        self.allowed = match self.total_memory {
+            Some(total) if self.fraction < 1.0 => Some((self.fraction * total as f64) as u64),
+            _ => None,
+        };
+        self.update_gc_limit();
     }
 
     /// Drops the address-index entry of a block whose record is about to go.
@@ -241,13 +276,11 @@ impl<D: Device> Allocator<D> {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(FractionError::OutOfRange(fraction));
         }
-        self.allowed = if fraction == 1.0 {
-            None
-        } else {
-            let total = self.total_memory.ok_or(FractionError::TotalUnknown)?;
-            Some((fraction * total as f64) as u64)
-        };
-        self.update_gc_limit();
+        if fraction < 1.0 && self.refresh_total_memory().is_none() {
+            return Err(FractionError::TotalUnknown);
+        }
+        self.fraction = fraction;
+        self.apply_limits();
         Ok(())
     }
 

@@ -52,6 +52,9 @@ pub enum MallocStep<E, S> {
 impl<D: Device> Allocator<D> {
     /// The miss path from its start: GC if enabled, then the first segment request.
     pub(crate) fn miss(&mut self, req: Request<D::Stream>) -> MallocStep<D::Error, D::Stream> {
+        if self.limits_pending() {
+            self.refresh_limits();
+        }
         if self.gc_enabled() {
             if let Err(e) = self.garbage_collect_cached_blocks() {
                 return MallocStep::Done(Err(AllocError::Device(e)));

@@ -281,15 +281,17 @@ impl DeviceStats {
                 out.push((format!("{name}.{f}"), field(stat, f)));
             }
         }
-        let max_split = self.max_split_size.map_or(-1, |v| v as i64);
+        // torch's int64 values; a larger one (a `max_split_size_mb` near 2^44 MiB) is reported
+        // as i64::MAX rather than wrapping negative: -1 means unset and nothing else is negative.
+        let int = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
         for (name, value) in [
-            ("max_split_size", max_split),
-            ("num_alloc_retries", self.num_alloc_retries as i64),
-            ("num_device_alloc", self.num_device_alloc as i64),
-            ("num_device_free", self.num_device_free as i64),
-            ("num_oom_rejections", self.num_oom_rejections as i64),
-            ("num_ooms", self.num_ooms as i64),
-            ("num_sync_all_streams", self.num_sync_all_streams as i64),
+            ("max_split_size", self.max_split_size.map_or(-1, int)),
+            ("num_alloc_retries", int(self.num_alloc_retries)),
+            ("num_device_alloc", int(self.num_device_alloc)),
+            ("num_device_free", int(self.num_device_free)),
+            ("num_oom_rejections", int(self.num_oom_rejections)),
+            ("num_ooms", int(self.num_ooms)),
+            ("num_sync_all_streams", int(self.num_sync_all_streams)),
         ] {
             out.push((String::from(name), value));
         }
@@ -404,5 +406,29 @@ mod tests {
         assert_eq!(get("inactive_split_bytes.all.current"), Some(0));
         assert_eq!(get("num_sync_all_streams"), Some(0));
         assert_eq!(get("num_oom_rejections"), Some(0));
+    }
+
+    #[test]
+    fn a_max_split_size_past_i64_max_is_reported_as_i64_max() {
+        // max_split_size_mb:17592186044415 is 2^64 - 2^20 bytes: never negative in the report.
+        let d = DeviceStats {
+            max_split_size: Some(17_592_186_044_415 << 20),
+            ..DeviceStats::default()
+        };
+        let flat = d.flat();
+        let get = |k: &str| flat.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+        assert_eq!(get("max_split_size"), Some(i64::MAX));
+        let d = DeviceStats {
+            max_split_size: Some(i64::MAX as u64),
+            ..DeviceStats::default()
+        };
+        assert_eq!(
+            d.flat()
+                .iter()
+                .find(|(n, _)| n == "max_split_size")
+                .unwrap()
+                .1,
+            i64::MAX
+        );
     }
 }

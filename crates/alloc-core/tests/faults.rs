@@ -4,7 +4,7 @@
 
 mod common;
 
-use alloc_core::{AllocConf, AllocError, BlockState, FreeError};
+use alloc_core::{AllocConf, AllocError, BlockState, FreeError, GcStatus};
 use alloc_sim::{DeviceCall, Fault, FaultError, SimError, TestDevice};
 use common::*;
 
@@ -234,5 +234,43 @@ fn torch_npu_runs_the_rest_of_the_chain_after_a_device_error() {
     assert_eq!(stat(&a, "num_ooms"), 1);
     assert_eq!(stat(&a, "num_alloc_retries"), 3);
     check_consistency(&a);
+    assert_drains(&mut a, &[x]);
+}
+
+#[test]
+fn a_failed_mem_info_at_construction_is_asked_again() {
+    // One transient aclrtGetMemInfo failure while the allocator is built must not disable the
+    // fraction and GC for the life of the process: the total is asked again when needed.
+    let device = TestDevice::new(alloc_sim::SimDevice::new(100 * MIB)).with_fault(
+        DeviceCall::MemInfo,
+        1,
+        Fault::Error(507_899),
+    );
+    let conf = conf("garbage_collection_threshold:0.5,per_process_memory_fraction:0.8");
+    let mut a = alloc_core::Allocator::new(device, &conf, alloc_core::DeviceFacts::cuda_parity(0));
+    assert_eq!(a.gc_status(), GcStatus::Unavailable);
+    assert_eq!(a.allowed_memory(), None);
+    // The first cache miss asks again: the configured fraction and GC apply from then on.
+    let x = a.malloc(4096, S0).unwrap();
+    assert_eq!(a.allowed_memory(), Some(80 * MIB));
+    assert_eq!(a.gc_status(), GcStatus::On { limit: 40 * MIB });
+    // set_per_process_memory_fraction asks too, and works once the device answers.
+    let mut b = alloc_core::Allocator::new(
+        TestDevice::new(alloc_sim::SimDevice::new(100 * MIB)).with_fault(
+            DeviceCall::MemInfo,
+            1,
+            Fault::Error(1),
+        ),
+        &AllocConf::default(),
+        alloc_core::DeviceFacts::cuda_parity(0),
+    );
+    b.device_mut()
+        .fail_nth(DeviceCall::MemInfo, 1, Fault::Error(1));
+    assert_eq!(
+        b.set_memory_fraction(0.5),
+        Err(alloc_core::FractionError::TotalUnknown)
+    );
+    assert_eq!(b.set_memory_fraction(0.5), Ok(()));
+    assert_eq!(b.allowed_memory(), Some(50 * MIB));
     assert_drains(&mut a, &[x]);
 }

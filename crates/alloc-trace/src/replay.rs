@@ -129,8 +129,11 @@ mod tests {
     #[test]
     fn frees_and_records_of_an_id_whose_alloc_ran_out_of_memory_are_skipped() {
         // The parser cannot know which allocs fail; the replay skips what names a failed id
-        // until the id is allocated again.
-        let r = run("capacity 1M\nalloc a 2M\nfree a\nrecord a 1\nalloc a 512K\nfree a\n");
+        // until the id is allocated again (here the 2 MiB request needs a 20 MiB segment; the
+        // 512 KiB one fits a 2 MiB small segment). The issue's own example first:
+        let r = run("capacity 1M\nalloc a 2M\nfree a\nrecord a 1\n");
+        assert_eq!((r.counts.ooms, r.counts.skipped), (1, 2));
+        let r = run("capacity 4M\nalloc a 2M\nfree a\nrecord a 1\nalloc a 512K\nfree a\n");
         assert_eq!(r.counts.ooms, 1);
         assert_eq!(r.counts.skipped, 2);
         assert_eq!(get(&r.end, "num_ooms"), 1);

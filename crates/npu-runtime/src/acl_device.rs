@@ -34,6 +34,16 @@ thread_local! {
 /// An ACL stream as the runtime takes it: the default stream, or a handle the caller got from ACL
 /// (an [`acl_sys::Stream`], whose constructor is where the `unsafe` promise is made). The
 /// runtime only compares it and passes it back to ACL, so no integer ever becomes a stream.
+///
+/// Safe code cannot invent one:
+///
+/// ```compile_fail
+/// let s = npu_runtime::Stream(0xdead_beef as *mut core::ffi::c_void); // private field
+/// ```
+///
+/// ```compile_fail
+/// let s = npu_runtime::Stream::from_raw(0x4141_4141 as *mut core::ffi::c_void); // unsafe fn
+/// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Stream(acl_sys::Stream);
 
@@ -124,14 +134,24 @@ impl AclPlatform {
     }
 
     /// Loads the library at `path` ([`Lib::load`]) and initialises it.
-    pub fn load(path: impl AsRef<Path>) -> Result<AclPlatform, AclError> {
-        AclPlatform::new(Lib::load(path)?)
+    ///
+    /// ```compile_fail
+    /// // Loading a caller-chosen library runs its code: not without `unsafe`.
+    /// let p = npu_runtime::AclPlatform::load("/tmp/libascendcl.so");
+    /// ```
+    ///
+    /// # Safety
+    /// `path` must be a `libascendcl` (or a faithful stand-in such as testkit's fake): loading
+    /// runs its initialisers and its functions are called through ACL's signatures.
+    pub unsafe fn load(path: impl AsRef<Path>) -> Result<AclPlatform, AclError> {
+        // SAFETY: forwarded to the caller.
+        AclPlatform::new(unsafe { Lib::load(path) }?)
     }
 
-    /// Searches for the library ([`Lib::search`]: `explicit`, `$NPU_ALLOC_ACL_LIB`, the CANN
+    /// Searches for the installed library ([`Lib::search`]: `$NPU_ALLOC_ACL_LIB`, the CANN
     /// install locations, the system loader) and initialises it.
-    pub fn search(explicit: Option<&Path>) -> Result<AclPlatform, AclError> {
-        AclPlatform::new(Lib::search(explicit)?)
+    pub fn search() -> Result<AclPlatform, AclError> {
+        AclPlatform::new(Lib::search()?)
     }
 
     /// Number of devices.
@@ -303,11 +323,18 @@ impl NpuAllocator {
     /// The library found by the search path (`$NPU_ALLOC_ACL_LIB`, the CANN install
     /// locations, the system loader) with the environment's configuration.
     pub fn from_env() -> Result<NpuAllocator, AclError> {
-        Ok(AclPlatform::search(None)?.runtime(Config::from_env()))
+        Ok(AclPlatform::search()?.runtime(Config::from_env()))
     }
 
     /// The library at `path` with an explicit configuration.
-    pub fn with_library(path: impl AsRef<Path>, config: Config) -> Result<NpuAllocator, AclError> {
-        Ok(AclPlatform::load(path)?.runtime(config))
+    ///
+    /// # Safety
+    /// As [`AclPlatform::load`]: `path` must be a `libascendcl` or a faithful stand-in.
+    pub unsafe fn with_library(
+        path: impl AsRef<Path>,
+        config: Config,
+    ) -> Result<NpuAllocator, AclError> {
+        // SAFETY: forwarded to the caller.
+        Ok(unsafe { AclPlatform::load(path) }?.runtime(config))
     }
 }

@@ -15,12 +15,14 @@ use npu_runtime::{
 const MIB: u64 = 1 << 20;
 
 fn runtime(fake: &FakeAcl, config: Config) -> NpuAllocator {
-    NpuAllocator::with_library(fake.path(), config).expect("load the fake through acl-sys")
+    platform_and_runtime(fake, config).1
 }
 
 /// The fake loaded through acl-sys, and a runtime over it.
 fn platform_and_runtime(fake: &FakeAcl, config: Config) -> (AclPlatform, NpuAllocator) {
-    let platform = AclPlatform::load(fake.path()).expect("load the fake through acl-sys");
+    // SAFETY: the fake libascendcl built from this workspace.
+    let platform =
+        unsafe { AclPlatform::load(fake.path()) }.expect("load the fake through acl-sys");
     (platform.clone(), platform.runtime(config))
 }
 
@@ -241,7 +243,8 @@ fn missing_optional_symbols_fall_back() {
 #[test]
 fn missing_library_is_a_typed_error_listing_the_path() {
     let path = "/nonexistent-npu-runtime/libascendcl.so";
-    match NpuAllocator::with_library(path, Config::default()) {
+    // SAFETY: the path does not exist: nothing is loaded.
+    match unsafe { NpuAllocator::with_library(path, Config::default()) } {
         Err(AclError::NotFound { searched }) => {
             assert_eq!(searched.len(), 1);
             assert_eq!(searched[0].path, std::path::Path::new(path));
@@ -450,7 +453,7 @@ fn fraction_and_mem_get_info() {
 }
 
 #[test]
-fn mem_get_info_failure_turns_gc_off() {
+fn a_mem_get_info_failure_at_open_is_asked_again() {
     let fake = FakeAcl::new(Variant::Full, 100 * MIB, 1);
     let mut config = Config::default();
     config.alloc.garbage_collection_threshold = Some(0.5);
@@ -458,17 +461,22 @@ fn mem_get_info_failure_turns_gc_off() {
     rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     assert_eq!(rt.gc_status(0).unwrap(), GcStatus::On { limit: 50 * MIB });
 
+    // The device's total is unknown when the allocator is built: GC waits for it, and the next
+    // cache miss asks again (torch_npu asks aclrtGetMemInfo when it needs the total).
     let fake = FakeAcl::new(Variant::Full, 100 * MIB, 1);
     let rt = runtime(&fake, config);
     fake.fail_next("aclrtGetMemInfo", 507_899, 1);
-    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.set_per_process_memory_fraction(1.0, 0).unwrap(); // opens the device
     assert_eq!(rt.gc_status(0).unwrap(), GcStatus::Unavailable);
-    // Nothing else changes: the allocator works and mem_get_info answers again.
-    rt.free(a).unwrap();
-    assert_eq!(rt.malloc(1000, 0, Stream::DEFAULT).unwrap(), a);
-    assert_eq!(rt.mem_get_info(0).unwrap().1, 100 * MIB);
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(rt.gc_status(0).unwrap(), GcStatus::On { limit: 50 * MIB });
+    // The fraction is asked for the same way: it fails only while the device cannot tell.
     fake.fail_next("aclrtGetMemInfo", 507_899, 1);
     assert_eq!(rt.mem_get_info(0).unwrap_err().acl_code(), Some(507_899));
+    rt.set_per_process_memory_fraction(0.5, 0).unwrap();
+    assert_eq!(rt.get_per_process_memory_fraction(0).unwrap(), 0.5);
+    rt.free(a).unwrap();
+    assert_eq!(rt.mem_get_info(0).unwrap().1, 100 * MIB);
 }
 
 #[test]
@@ -524,4 +532,75 @@ fn memory_summary_is_torchs_table() {
         "{text}"
     );
     rt.free(a).unwrap();
+}
+
+#[test]
+fn an_implausible_device_count_is_an_error_not_an_allocation() {
+    // A library that writes garbage into the count (1,094,795,585 devices) must not make the
+    // runtime size its device table by it.
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    fake.report_devices(1_094_795_585);
+    // SAFETY: the fake libascendcl built from this workspace.
+    let err = unsafe { AclPlatform::load(fake.path()) }.unwrap_err();
+    assert_eq!(
+        err,
+        AclError::ImplausibleResult {
+            function: "aclrtGetDeviceCount",
+            value: 1_094_795_585,
+            limit: acl_sys::MAX_DEVICES.into(),
+        }
+    );
+    assert!(
+        err.to_string().contains("does not behave like libascendcl"),
+        "{err}"
+    );
+    fake.report_devices(acl_sys::MAX_DEVICES);
+    // SAFETY: as above.
+    let platform = unsafe { AclPlatform::load(fake.path()) }.unwrap();
+    assert_eq!(platform.device_count(), acl_sys::MAX_DEVICES);
+}
+
+#[test]
+fn a_device_count_that_grows_later_does_not_widen_the_table() {
+    // The table is sized when the runtime is built; a library that reports more devices later
+    // gets InvalidDevice for them, not an index out of bounds.
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let rt = runtime(&fake, Config::default());
+    fake.report_devices(4);
+    assert_eq!(rt.device_count(), 1);
+    assert_eq!(
+        rt.malloc(1000, 3, Stream::DEFAULT).unwrap_err(),
+        RuntimeError::InvalidDevice {
+            device: 3,
+            count: 1
+        }
+    );
+    assert_eq!(
+        rt.memory_stats(3).unwrap_err(),
+        RuntimeError::InvalidDevice {
+            device: 3,
+            count: 1
+        }
+    );
+}
+
+#[test]
+fn a_size_past_every_limit_is_out_of_memory_in_the_fake_not_an_abort() {
+    // The fake's own arithmetic must not overflow: a panic cannot cross `extern "C"` and would
+    // abort the test process.
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let (platform, _rt) = platform_and_runtime(&fake, Config::default());
+    let lib = platform.lib();
+    lib.set_device(0).unwrap();
+    for size in [usize::MAX - 7, usize::MAX, usize::MAX - 40] {
+        let err = lib
+            .malloc_align32(size, acl_sys::MemMallocPolicy::HUGE_FIRST)
+            .unwrap_err();
+        assert_eq!(err.code(), Some(207_001), "{err}");
+        let err = lib
+            .malloc(size, acl_sys::MemMallocPolicy::HUGE_FIRST)
+            .unwrap_err();
+        assert_eq!(err.code(), Some(207_001), "{err}");
+    }
+    assert_eq!(fake.used(0), 0);
 }

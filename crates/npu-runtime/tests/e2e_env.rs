@@ -82,7 +82,8 @@ fn environment_library_config_and_warnings_once() {
     let mut gc = Config::default();
     gc.alloc.garbage_collection_threshold = Some(0.5);
     for _ in 0..2 {
-        let rt = NpuAllocator::with_library(fake.path(), gc.clone()).unwrap();
+        // SAFETY: the fake libascendcl built from this workspace.
+        let rt = unsafe { NpuAllocator::with_library(fake.path(), gc.clone()) }.unwrap();
         fake.fail_next("aclrtGetMemInfo", 507_899, 1);
         rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     }
@@ -92,7 +93,7 @@ fn environment_library_config_and_warnings_once() {
     let missing = "/nonexistent-npu-runtime-env/libascendcl.so";
     // SAFETY: as above.
     unsafe { std::env::set_var("NPU_ALLOC_ACL_LIB", missing) };
-    match AclPlatform::search(None) {
+    match AclPlatform::search() {
         Err(AclError::NotFound { searched }) => {
             let expected = acl_sys::candidate_paths(None, |n| std::env::var_os(n));
             assert_eq!(searched.len(), expected.len());

@@ -13,7 +13,8 @@ const MIB: u64 = 1 << 20;
 
 fn platform() -> AclPlatform {
     let path = std::env::var_os("NPU_ALLOC_ACL_LIB").expect("run through cargo xtask test-hw");
-    AclPlatform::load(path).expect("the probed libascendcl")
+    // SAFETY: `cargo xtask test-hw` probed this library: it is the installed libascendcl.
+    unsafe { AclPlatform::load(path) }.expect("the probed libascendcl")
 }
 
 fn runtime() -> NpuAllocator {

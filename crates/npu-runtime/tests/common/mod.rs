@@ -149,6 +149,12 @@ impl FakeAcl {
         unsafe { self.sym::<unsafe extern "C" fn(u32) -> u64>(name)(device) }
     }
 
+    /// Makes `aclrtGetDeviceCount` report `count` devices, as a broken library would.
+    pub fn report_devices(&self, count: u32) {
+        // SAFETY: the fake's `void f(uint32_t)` control.
+        unsafe { self.sym::<unsafe extern "C" fn(u32)>("fake_acl_report_devices")(count) }
+    }
+
     /// Completes every recorded event.
     pub fn complete_all_events(&self) {
         self.unit("fake_acl_complete_all_events");

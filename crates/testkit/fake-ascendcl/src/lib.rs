@@ -95,6 +95,8 @@ struct State {
     calls: HashMap<&'static str, u64>,
     log: Vec<&'static str>,
     failures: HashMap<String, VecDeque<AclCode>>,
+    /// What `aclrtGetDeviceCount` reports instead of the real count (a broken library).
+    reported_devices: Option<u32>,
 }
 
 impl State {
@@ -111,6 +113,7 @@ impl State {
             calls: HashMap::new(),
             log: Vec::new(),
             failures: HashMap::new(),
+            reported_devices: None,
         }
     }
 
@@ -154,20 +157,29 @@ impl State {
         &mut self.devices[device as usize]
     }
 
-    /// Allocates `charged` bytes on `device` at the lowest free 2 MiB-aligned address.
-    fn allocate(&mut self, device: i32, charged: u64) -> Result<u64, AclCode> {
+    /// Allocates `charged` bytes on `device` at the lowest free 2 MiB-aligned address; a size
+    /// that does not fit (even one past `u64::MAX`, `None`) is out of memory.
+    fn allocate(&mut self, device: i32, charged: Option<u64>) -> Result<u64, AclCode> {
+        let out_of_memory = || {
+            set_error_message(Some(OOM_MESSAGE));
+            Err(ACL_ERROR_RT_MEMORY_ALLOCATION)
+        };
         let capacity = self.capacity;
         let dev = self.device_mut(device);
-        if dev.used + charged > capacity {
-            set_error_message(Some(OOM_MESSAGE));
-            return Err(ACL_ERROR_RT_MEMORY_ALLOCATION);
-        }
+        let Some(charged) =
+            charged.filter(|&c| dev.used.checked_add(c).is_some_and(|u| u <= capacity))
+        else {
+            return out_of_memory();
+        };
         let mut addr = BASE_ADDRESS + device as u64 * DEVICE_STRIDE;
         for (&start, &size) in &dev.allocations {
-            if addr + charged <= start {
+            if addr.checked_add(charged).is_some_and(|end| end <= start) {
                 break;
             }
             addr = (start + size).next_multiple_of(SEGMENT_ALIGNMENT);
+        }
+        if addr.checked_add(charged).is_none() {
+            return out_of_memory();
         }
         dev.allocations.insert(addr, charged);
         dev.used += charged;
@@ -213,15 +225,17 @@ fn device_call(name: &'static str, body: impl FnOnce(&mut State, i32) -> AclCode
     })
 }
 
-fn align32(size: usize) -> u64 {
-    (size as u64).next_multiple_of(32)
+/// `size` rounded up to 32 bytes, `None` past `u64::MAX` (no arithmetic here may panic: a panic
+/// cannot cross `extern "C"`).
+fn align32(size: usize) -> Option<u64> {
+    (size as u64).checked_next_multiple_of(32)
 }
 
 fn malloc_impl(
     name: &'static str,
     dev_ptr: *mut *mut c_void,
     size: usize,
-    charged: u64,
+    charged: Option<u64>,
 ) -> AclCode {
     device_call(name, |s, device| {
         if dev_ptr.is_null() || size == 0 {
@@ -320,7 +334,8 @@ pub unsafe extern "C" fn aclrtGetDevice(device_id: *mut i32) -> AclCode {
     })
 }
 
-/// `aclrtGetDeviceCount(&count)`.
+/// `aclrtGetDeviceCount(&count)`: the number of devices, or what `fake_acl_report_devices`
+/// set.
 ///
 /// # Safety
 /// Pointer arguments must be null or valid for writes of their pointee (the C contract).
@@ -330,8 +345,9 @@ pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclCode {
         if !s.initialized {
             return ACL_ERROR_UNINITIALIZE;
         }
+        let reported = s.reported_devices.unwrap_or(s.devices.len() as u32);
         // SAFETY: per the C contract `count` is null or a writable `uint32_t`.
-        unsafe { write_out(count, s.devices.len() as u32) }
+        unsafe { write_out(count, reported) }
     })
 }
 
@@ -345,7 +361,12 @@ pub unsafe extern "C" fn aclrtMalloc(
     size: usize,
     _policy: u32,
 ) -> AclCode {
-    malloc_impl("aclrtMalloc", dev_ptr, size, align32(size) + 32)
+    malloc_impl(
+        "aclrtMalloc",
+        dev_ptr,
+        size,
+        align32(size).and_then(|a| a.checked_add(32)),
+    )
 }
 
 /// `aclrtMallocAlign32(&p, size, policy)`: charges `align32(size)` bytes, no padding.
@@ -618,6 +639,13 @@ pub extern "C" fn fake_acl_reset(capacity: u64, devices: u32) {
     let mut s = state();
     let generation = s.generation + 1;
     *s = State::new(capacity, devices, generation);
+}
+
+/// Makes `aclrtGetDeviceCount` report `count` devices (the real count stays), as a broken or
+/// mismatched library would.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_report_devices(count: u32) {
+    state().reported_devices = Some(count);
 }
 
 /// How many times the ACL function `name` was called since the last reset (0 for null).
