@@ -1,12 +1,19 @@
 //! Where the config string comes from: an explicit string, then the environment variables in order.
 //!
 //! A pure function over a lookup closure, so callers choose how to read the environment and tests
-//! never touch the process environment.
+//! never touch the process environment. The closure returns a variable's raw bytes (what a Unix
+//! environment holds: `std::env::var_os(name).map(OsString::into_encoded_bytes)`), so that every
+//! caller decides the same way about a value that is not UTF-8: it is set, so it wins the
+//! precedence as any set value does; its lossy text is parsed; and a `not_utf8` warning names the
+//! bad bytes.
 
+use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
 use core::fmt;
 
 use crate::parse::{Parsed, parse};
+use crate::warning::{Warning, WarningKind};
 
 /// The environment variables read, first one present and not blank wins.
 pub const ENV_VARS: [&str; 4] = [
@@ -52,32 +59,63 @@ pub struct Loaded {
     pub parsed: Parsed,
 }
 
-/// The first source that is present and not blank (only whitespace), and its string.
+/// A variable's value as text: itself when it is UTF-8, else its lossy text and the `not_utf8`
+/// warning naming the first bad bytes.
+pub fn env_text(name: &str, bytes: Vec<u8>) -> (String, Option<Warning>) {
+    match String::from_utf8(bytes) {
+        Ok(text) => (text, None),
+        Err(e) => {
+            let bytes = e.as_bytes();
+            let at = e.utf8_error().valid_up_to();
+            let len = e.utf8_error().error_len().unwrap_or(bytes.len() - at);
+            let bad: String = bytes[at..at + len]
+                .iter()
+                .map(|b| format!("\\x{b:02x}"))
+                .collect();
+            let text = String::from_utf8_lossy(bytes).into_owned();
+            let warning = Warning {
+                kind: WarningKind::NotUtf8,
+                key: String::from(name),
+                message: format!(
+                    "{name} is not valid UTF-8 (bytes {bad} at offset {at}); it is read as {text:?}"
+                ),
+            };
+            (text, Some(warning))
+        }
+    }
+}
+
+/// The first source that is present and not blank (only whitespace), its string, and the
+/// warning for a value that is not UTF-8.
 ///
 /// `explicit` comes first, then [`ENV_VARS`] in order through `lookup` (which returns a
-/// variable's value, `None` when unset); later sources are not looked up.
+/// variable's raw bytes, `None` when unset); later sources are not looked up. A value that is
+/// not UTF-8 is present (even if its lossy text is blank).
 pub fn select(
     explicit: Option<&str>,
-    mut lookup: impl FnMut(&str) -> Option<String>,
-) -> Option<(Source, String)> {
+    mut lookup: impl FnMut(&str) -> Option<Vec<u8>>,
+) -> Option<(Source, String, Option<Warning>)> {
     let present = |s: &str| !s.trim().is_empty();
     if let Some(s) = explicit.filter(|s| present(s)) {
-        return Some((Source::Argument, String::from(s)));
+        return Some((Source::Argument, String::from(s), None));
     }
     ENV_VARS.into_iter().find_map(|name| {
-        lookup(name)
-            .filter(|s| present(s))
-            .map(|s| (Source::Var(name), s))
+        let (text, warning) = env_text(name, lookup(name)?);
+        (warning.is_some() || present(&text)).then_some((Source::Var(name), text, warning))
     })
 }
 
-/// Selects the source as [`select`] does and parses its string (defaults when there is none).
-pub fn from_env(explicit: Option<&str>, lookup: impl FnMut(&str) -> Option<String>) -> Loaded {
-    let (source, text) = match select(explicit, lookup) {
-        Some((source, text)) => (Some(source), text),
-        None => (None, String::new()),
+/// Selects the source as [`select`] does and parses its string (defaults when there is none);
+/// a `not_utf8` warning comes first among the warnings.
+pub fn from_env(explicit: Option<&str>, lookup: impl FnMut(&str) -> Option<Vec<u8>>) -> Loaded {
+    let (source, text, warning) = match select(explicit, lookup) {
+        Some((source, text, warning)) => (Some(source), text, warning),
+        None => (None, String::new(), None),
     };
-    let parsed = parse(&text);
+    let mut parsed = parse(&text);
+    if let Some(w) = warning {
+        parsed.warnings.insert(0, w);
+    }
     Loaded {
         source,
         text,
@@ -107,13 +145,13 @@ mod tests {
             }
         }
 
-        fn lookup(&self) -> impl FnMut(&str) -> Option<String> + '_ {
+        fn lookup(&self) -> impl FnMut(&str) -> Option<Vec<u8>> + '_ {
             |name| {
                 self.read.borrow_mut().push(name.to_string());
                 self.vars
                     .iter()
                     .find(|(n, _)| *n == name)
-                    .map(|(_, v)| v.to_string())
+                    .map(|(_, v)| v.as_bytes().to_vec())
             }
         }
 
@@ -197,8 +235,41 @@ mod tests {
             Source::Var("PYTORCH_ALLOC_CONF").to_string(),
             "PYTORCH_ALLOC_CONF"
         );
-        let (source, text) = select(Some(" x:1 "), |_| None).unwrap();
+        let (source, text, warning) = select(Some(" x:1 "), |_| None).unwrap();
         assert_eq!(source, Source::Argument);
         assert_eq!(text, " x:1 ");
+        assert_eq!(warning, None);
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_set_and_warned_about() {
+        // The NPU variable holds a byte that is not UTF-8: it still wins over the CUDA one, its
+        // lossy text is parsed (64 MiB), and the first warning names the bad byte.
+        let lookup = |name: &str| match name {
+            "PYTORCH_NPU_ALLOC_CONF" => Some(b"max_split_size_mb:64,\xff".to_vec()),
+            "PYTORCH_CUDA_ALLOC_CONF" => Some(b"max_split_size_mb:128".to_vec()),
+            _ => None,
+        };
+        let l = from_env(None, lookup);
+        assert_eq!(l.source, Some(Source::Var("PYTORCH_NPU_ALLOC_CONF")));
+        assert_eq!(l.parsed.conf.max_split_size, Some(64 * MIB));
+        let w = &l.parsed.warnings[0];
+        assert_eq!(
+            (w.kind, w.key.as_str()),
+            (WarningKind::NotUtf8, "PYTORCH_NPU_ALLOC_CONF")
+        );
+        assert_eq!(
+            w.message,
+            "PYTORCH_NPU_ALLOC_CONF is not valid UTF-8 (bytes \\xff at offset 21); it is read as \
+             \"max_split_size_mb:64,\u{fffd}\""
+        );
+        // The replacement character is then a bare item.
+        assert_eq!(l.parsed.warnings[1].kind, WarningKind::MissingValue);
+        // A value of only bad bytes is still set: it wins, and parses to the defaults.
+        let l = from_env(None, |name: &str| {
+            (name == "MINDTORCH_NPU_ALLOC_CONF").then(|| b"\xfe".to_vec())
+        });
+        assert_eq!(l.source, Some(Source::Var("MINDTORCH_NPU_ALLOC_CONF")));
+        assert_eq!(l.parsed.warnings[0].kind, WarningKind::NotUtf8);
     }
 }

@@ -6,7 +6,8 @@
 //!   (or [`parse_strict`]) turns any warning into a [`StrictError`], torch's behaviour.
 //! - [`from_env`] picks the string: an explicit one, else `MINDTORCH_NPU_ALLOC_CONF`,
 //!   `PYTORCH_NPU_ALLOC_CONF`, `PYTORCH_ALLOC_CONF`, `PYTORCH_CUDA_ALLOC_CONF` through a lookup
-//!   closure, and reports the [`Source`] that won.
+//!   closure of raw bytes (a set value that is not UTF-8 wins as any set value does, with a
+//!   `not_utf8` warning), and reports the [`Source`] that won.
 //! - [`AllocConf`]'s `Display` writes the canonical string, which parses back to the same value.
 //!
 //! `no_std` + `alloc`, no I/O and no printing: callers decide how to report warnings.
@@ -20,9 +21,11 @@
 //! assert_eq!(p.warnings[0].kind, WarningKind::UnknownKey);
 //! assert_eq!(p.conf.to_string(), "max_split_size_mb:32,garbage_collection_threshold:0.6");
 //!
-//! // The environment is a closure: here only PYTORCH_CUDA_ALLOC_CONF is set.
+//! // The environment is a closure returning a variable's bytes: here only
+//! // PYTORCH_CUDA_ALLOC_CONF is set (a program passes `std::env::var_os` and
+//! // `OsString::into_encoded_bytes`).
 //! let l = from_env(None, |name| {
-//!     (name == "PYTORCH_CUDA_ALLOC_CONF").then(|| "expandable_segments:True".to_string())
+//!     (name == "PYTORCH_CUDA_ALLOC_CONF").then(|| b"expandable_segments:True".to_vec())
 //! });
 //! assert_eq!(l.source.map(|s| s.name()), Some("PYTORCH_CUDA_ALLOC_CONF"));
 //! assert!(l.parsed.conf.expandable_segments);
@@ -47,7 +50,7 @@ mod state;
 mod warning;
 
 pub use conf::{AllocConf, Backend, MIB, ROUNDUP_BUCKETS};
-pub use env::{ENV_VARS, Loaded, Source, from_env, select};
+pub use env::{ENV_VARS, Loaded, Source, env_text, from_env, select};
 pub use keys::{Key, UNSUPPORTED_KEYS};
 pub use parse::{Parsed, parse, parse_strict};
 pub use warning::{StrictError, Warning, WarningKind};

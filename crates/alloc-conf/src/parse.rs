@@ -153,7 +153,8 @@ impl State {
                 let v = float(name, value)?;
                 if !(v > 0.0 && v < 1.0) {
                     return Err(invalid(format!(
-                        "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got {value}"
+                        "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got {value}{}",
+                        read_as(value, v)
                     )));
                 }
                 c.garbage_collection_threshold = Some(v);
@@ -196,7 +197,8 @@ impl State {
                 let v = float(name, value)?;
                 if !(0.0..=1.0).contains(&v) {
                     return Err(invalid(format!(
-                        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got {value}"
+                        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got {value}{}",
+                        read_as(value, v)
                     )));
                 }
                 c.per_process_memory_fraction = v;
@@ -236,6 +238,16 @@ impl State {
             }
         }
         Ok(())
+    }
+}
+
+/// `" (read as 1)"` when the text of a float is not what it parsed to (a number with more digits
+/// than an `f64` holds), so a user sees why `0.99999999999999999999` is out of (0, 1).
+fn read_as(text: &str, v: f64) -> String {
+    if text.parse::<f64>().is_ok_and(|p| format!("{p}") == text) {
+        String::new()
+    } else {
+        format!(" (read as {v})")
     }
 }
 

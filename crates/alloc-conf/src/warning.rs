@@ -27,11 +27,13 @@ pub enum WarningKind {
     Conflict,
     /// A setting that is kept but has no effect with the rest of the configuration.
     Ineffective,
+    /// An environment variable whose value is not UTF-8; its lossy text is parsed.
+    NotUtf8,
 }
 
 impl WarningKind {
     /// Every kind, in the order docs/alloc-conf.md lists them.
-    pub const ALL: [WarningKind; 8] = [
+    pub const ALL: [WarningKind; 9] = [
         WarningKind::UnknownKey,
         WarningKind::UnsupportedKey,
         WarningKind::UnsupportedValue,
@@ -40,6 +42,7 @@ impl WarningKind {
         WarningKind::DuplicateKey,
         WarningKind::Conflict,
         WarningKind::Ineffective,
+        WarningKind::NotUtf8,
     ];
 
     /// The snake_case name used in JSON output (`unknown_key`, `invalid_value`, ...).
@@ -53,6 +56,7 @@ impl WarningKind {
             WarningKind::DuplicateKey => "duplicate_key",
             WarningKind::Conflict => "conflict",
             WarningKind::Ineffective => "ineffective",
+            WarningKind::NotUtf8 => "not_utf8",
         }
     }
 }
@@ -124,7 +128,8 @@ mod tests {
                 "invalid_value",
                 "duplicate_key",
                 "conflict",
-                "ineffective"
+                "ineffective",
+                "not_utf8"
             ]
         );
         assert_eq!(WarningKind::Conflict.to_string(), "conflict");

@@ -121,7 +121,7 @@ proptest! {
             // Every warning renders.
             let _ = w.to_string();
         }
-        let l = from_env(None, |_| Some(s.to_string()));
+        let l = from_env(None, |_| Some(s.as_bytes().to_vec()));
         prop_assert_eq!(l.parsed, p);
     }
 

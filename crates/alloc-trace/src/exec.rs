@@ -40,6 +40,7 @@ use alloc_sim::{
 };
 
 use crate::op::{IdRef, Misuse, Op, OpKind, Trace};
+use crate::parse::Echo;
 
 /// The simulated device's error as the executor sees it (behind the fault injector).
 pub type DeviceErr = FaultError<SimError>;
@@ -193,21 +194,27 @@ impl fmt::Display for IdError {
         match self {
             IdError::AllocLive { id, allocated_at } => write!(
                 f,
-                "alloc of `{id}`, which is still live (allocated at line {allocated_at})"
+                "alloc of `{}`, which is still live (allocated at line {allocated_at})",
+                Echo(id)
             ),
             IdError::NotLive { op, id, freed_at } => match freed_at {
-                None => write!(f, "{op} of `{id}`, which was never allocated"),
-                Some(line) => write!(f, "{op} of `{id}`, which was already freed at line {line}"),
+                None => write!(f, "{op} of `{}`, which was never allocated", Echo(id)),
+                Some(line) => write!(
+                    f,
+                    "{op} of `{}`, which was already freed at line {line}",
+                    Echo(id)
+                ),
             },
             IdError::NotFreed {
                 op,
                 id,
                 allocated_at,
             } => match allocated_at {
-                None => write!(f, "{op} of `{id}`, which was never allocated"),
+                None => write!(f, "{op} of `{}`, which was never allocated", Echo(id)),
                 Some(line) => write!(
                     f,
-                    "{op} of `{id}`, which is still live (allocated at line {line})"
+                    "{op} of `{}`, which is still live (allocated at line {line})",
+                    Echo(id)
                 ),
             },
         }

@@ -22,7 +22,9 @@ pub use exec::{
     StatsRecord,
 };
 pub use op::{IdRef, Misuse, Op, OpKind, Trace, flavour_name, well_formed};
-pub use parse::{KEYWORDS, LoadError, TraceError, TraceErrorKind, load, parse_bytes, parse_str};
+pub use parse::{
+    Echo, KEYWORDS, LoadError, TraceError, TraceErrorKind, load, parse_bytes, parse_str,
+};
 pub use replay::{replay, replay_checked};
 pub use size::{SizeError, parse_size};
 pub use write::{Line, to_text};

@@ -39,11 +39,40 @@ impl fmt::Display for TraceError {
 
 impl std::error::Error for TraceError {}
 
+/// Text from the input as an error message shows it: control characters and the byte-order mark
+/// escaped (`\0`, `\u{feff}`), and at most [`Echo::MAX`] characters, then `…` and the length, so
+/// a 100,000-digit size gives a short line.
+pub struct Echo<'a>(pub &'a str);
+
+impl Echo<'_> {
+    /// The most characters shown.
+    pub const MAX: usize = 40;
+}
+
+impl fmt::Display for Echo<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars().take(Echo::MAX) {
+            if c.is_control() || c == '\u{feff}' {
+                write!(f, "{}", c.escape_debug())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        let n = self.0.chars().count();
+        if n > Echo::MAX {
+            write!(f, "… ({n} characters)")?;
+        }
+        Ok(())
+    }
+}
+
 /// Every way a trace line can be malformed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TraceErrorKind {
     /// The line is not valid UTF-8.
     NotUtf8,
+    /// The file starts with a UTF-8 byte-order mark, which would read as part of a keyword.
+    ByteOrderMark,
     /// The first token is not a keyword of the format (keywords are lower case).
     UnknownKeyword {
         /// The token found.
@@ -159,8 +188,11 @@ impl fmt::Display for TraceErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TraceErrorKind::NotUtf8 => f.write_str("line is not valid UTF-8"),
+            TraceErrorKind::ByteOrderMark => f.write_str(
+                "the file starts with a UTF-8 byte-order mark (U+FEFF); save it without one",
+            ),
             TraceErrorKind::UnknownKeyword { keyword } => {
-                write!(f, "unknown keyword `{keyword}`")?;
+                write!(f, "unknown keyword `{}`", Echo(keyword))?;
                 if KEYWORDS.contains(&keyword.to_lowercase().as_str()) {
                     f.write_str(" (keywords are lower case)")?;
                 }
@@ -172,21 +204,32 @@ impl fmt::Display for TraceErrorKind {
             TraceErrorKind::ExtraToken { keyword, token } => {
                 write!(
                     f,
-                    "extra token `{token}` after `{keyword}` and its arguments"
+                    "extra token `{}` after `{keyword}` and its arguments",
+                    Echo(token)
                 )
             }
-            TraceErrorKind::BadSize { token, error } => write!(f, "bad size `{token}`: {error}"),
+            TraceErrorKind::BadSize { token, error } => {
+                write!(f, "bad size `{}`: {error}", Echo(token))
+            }
             TraceErrorKind::BadStream { token } => {
-                write!(f, "bad stream `{token}`: expected a non-negative integer")
+                write!(
+                    f,
+                    "bad stream `{}`: expected a non-negative integer",
+                    Echo(token)
+                )
             }
             TraceErrorKind::StreamTooLarge { token } => {
-                write!(f, "stream `{token}` does not fit in 64 bits")
+                write!(f, "stream `{}` does not fit in 64 bits", Echo(token))
             }
             TraceErrorKind::BadFraction { token } => {
-                write!(f, "bad fraction `{token}`: expected a number in [0, 1]")
+                write!(
+                    f,
+                    "bad fraction `{}`: expected a number in [0, 1]",
+                    Echo(token)
+                )
             }
             TraceErrorKind::FractionOutOfRange { token } => {
-                write!(f, "fraction `{token}` is outside [0, 1]")
+                write!(f, "fraction `{}` is outside [0, 1]", Echo(token))
             }
             TraceErrorKind::DirectiveAfterOperation {
                 directive,
@@ -208,22 +251,25 @@ impl fmt::Display for TraceErrorKind {
             TraceErrorKind::UnknownFlavour { token } => {
                 write!(
                     f,
-                    "unknown flavour `{token}`: expected `torch_npu` or `cuda`"
+                    "unknown flavour `{}`: expected `torch_npu` or `cuda`",
+                    Echo(token)
                 )
             }
             TraceErrorKind::UnknownCall { token } => write!(
                 f,
-                "unknown device call `{token}` (one of: {})",
+                "unknown device call `{}` (one of: {})",
+                Echo(token),
                 DeviceCall::ALL.map(DeviceCall::name).join(", ")
             ),
             TraceErrorKind::UnknownFault { token } => {
                 write!(
                     f,
-                    "unknown fault `{token}`: expected `oom` or `error <code>`"
+                    "unknown fault `{}`: expected `oom` or `error <code>`",
+                    Echo(token)
                 )
             }
             TraceErrorKind::BadNumber { what, token } => {
-                write!(f, "bad {what} `{token}`: expected an integer")
+                write!(f, "bad {what} `{}`: expected an integer", Echo(token))
             }
             TraceErrorKind::TooManyIds => f.write_str("more than 2^32 distinct ids"),
         }
@@ -421,6 +467,9 @@ impl<'a> Parser<'a> {
     fn line(&mut self, line: usize, raw: &'a [u8]) -> Result<(), TraceErrorKind> {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         let text = std::str::from_utf8(raw).map_err(|_| TraceErrorKind::NotUtf8)?;
+        if line == 1 && text.starts_with('\u{feff}') {
+            return Err(TraceErrorKind::ByteOrderMark);
+        }
         let text = text.split_once('#').map_or(text, |(code, _comment)| code);
         let mut tokens = text.split(is_blank).filter(|t| !t.is_empty());
         let Some(keyword) = tokens.next() else {
@@ -1074,6 +1123,37 @@ mod tests {
         assert_eq!(e.to_string(), "b.trace:2: line is not valid UTF-8");
         let e = parse_bytes("b.trace", b"alloc \xff\xfe 1").unwrap_err();
         assert_eq!(e.line, 1);
+    }
+
+    #[test]
+    fn echoed_text_is_short_and_printable() {
+        let long = "9".repeat(100_000);
+        let m = msg(&format!("alloc a {long}"));
+        assert_eq!(
+            m,
+            format!(
+                "t.trace:1: bad size `{}… (100000 characters)`: does not fit in 64 bits",
+                "9".repeat(40)
+            )
+        );
+        assert!(m.len() < 200);
+        assert_eq!(
+            msg("alloc a 1\0x"),
+            "t.trace:1: bad size `1\\0x`: unknown suffix (use K, KiB, M, MiB, G or GiB)"
+        );
+        assert_eq!(msg("\u{7}beep"), "t.trace:1: unknown keyword `\\u{7}beep`");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_named() {
+        assert_eq!(
+            msg("\u{feff}capacity 1G\nalloc a 1\n"),
+            "t.trace:1: the file starts with a UTF-8 byte-order mark (U+FEFF); save it without one"
+        );
+        assert_eq!(
+            msg("alloc a 1\n\u{feff}free a\n"),
+            "t.trace:2: unknown keyword `\\u{feff}free`"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! `npu-alloc conf`: parse an allocator config string (or the environment) and explain the
 //! result, as text or as the JSON object of `docs/alloc-conf.md`.
 
+use crate::out::say;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
@@ -36,12 +37,14 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // A variable that is not UTF-8 is still set: its lossy text is parsed (and warned about).
+    // Raw bytes: a variable that is not UTF-8 is still set, and alloc-conf decides about it
+    // (its lossy text is parsed, with a `not_utf8` warning) exactly as the runtime's
+    // `Config::from_lookup` does.
     let loaded = from_env(explicit.as_deref(), |name| {
-        std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())
+        std::env::var_os(name).map(OsString::into_encoded_bytes)
     });
     if args.json {
-        println!("{}", render(&to_json(&loaded), 0));
+        say!("{}", render(&to_json(&loaded), 0));
     } else {
         explain(&loaded);
     }
@@ -159,8 +162,8 @@ fn explain(loaded: &Loaded) {
     let parsed = &loaded.parsed;
     let c = &parsed.conf;
     match loaded.source {
-        Some(source) => println!("source    {source} = {:?}", loaded.text),
-        None => println!(
+        Some(source) => say!("source    {source} = {:?}", loaded.text),
+        None => say!(
             "source    none (no argument, and {} are unset or blank): defaults",
             ENV_VARS.join(", ")
         ),
@@ -177,29 +180,29 @@ fn explain(loaded: &Loaded) {
         .unwrap_or(0)
         .max(5)
         + 2;
-    println!();
-    println!("{:<32}{:<width$}from", "key", "value");
+    say!();
+    say!("{:<32}{:<width$}from", "key", "value");
     for (key, value, origin) in &rows {
-        println!("{:<32}{value:<width$}{origin}", key.name());
+        say!("{:<32}{value:<width$}{origin}", key.name());
     }
     let t = &c.roundup_power2_divisions;
     if t.iter().any(|&d| d != t[0]) {
-        println!("(roundup buckets: <2 MiB, [2,4) MiB, ..., [16,32) GiB, >=32 GiB)");
+        say!("(roundup buckets: <2 MiB, [2,4) MiB, ..., [16,32) GiB, >=32 GiB)");
     }
-    println!();
+    say!();
     let canonical = c.to_string();
     if canonical.is_empty() {
-        println!("canonical (all defaults)");
+        say!("canonical (all defaults)");
     } else {
-        println!("canonical {canonical}");
+        say!("canonical {canonical}");
     }
-    println!();
+    say!();
     match parsed.warnings.len() {
-        0 => println!("no warnings"),
+        0 => say!("no warnings"),
         n => {
-            println!("{n} warning{}:", if n == 1 { "" } else { "s" });
+            say!("{n} warning{}:", if n == 1 { "" } else { "s" });
             for w in &parsed.warnings {
-                println!("  {w}");
+                say!("  {w}");
             }
         }
     }
@@ -281,7 +284,7 @@ mod tests {
         let loaded = from_env(explicit, |name| {
             vars.iter()
                 .find(|(n, _)| *n == name)
-                .map(|(_, v)| (*v).to_owned())
+                .map(|(_, v)| v.as_bytes().to_vec())
         });
         let value = to_json(&loaded);
         // The hand-rendered text is the same JSON.

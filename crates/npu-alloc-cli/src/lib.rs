@@ -14,6 +14,7 @@
 #![warn(unreachable_pub)]
 
 mod conf;
+mod out;
 mod replay;
 mod stress;
 

@@ -2,6 +2,7 @@
 //! happened (format: `docs/trace-format.md`); with `--check`, judge every operation and check every
 //! invariant after it, as the stress engine does.
 
+use crate::out::say;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -93,7 +94,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     }
     if args.json {
         for record in report.records.iter().chain([&report.end]) {
-            println!("{}", record_json(record));
+            say!("{}", record_json(record));
         }
     } else {
         print_summary(&path, conf_text, &report, seconds);
@@ -120,52 +121,54 @@ fn print_summary(path: &Path, conf: &str, report: &Report, seconds: f64) {
     let peak_requested = s.requested_bytes.all.peak as u64;
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let c = &report.counts;
-    println!("trace               {}", path.display());
-    println!(
+    say!("trace               {}", path.display());
+    say!(
         "config              {}",
         if conf.is_empty() { "(defaults)" } else { conf }
     );
-    println!(
+    say!(
         "device              capacity {}, pad {} bytes",
         FormatSize(setup.capacity),
         setup.pad
     );
-    println!(
+    say!(
         "operations          {} ({} alloc, {} free)",
-        c.ops, c.allocs, c.frees
+        c.ops,
+        c.allocs,
+        c.frees
     );
-    println!("peak requested      {}", FormatSize(peak_requested));
-    println!("peak allocated      {}", FormatSize(peak_alloc));
-    println!(
+    say!("peak requested      {}", FormatSize(peak_requested));
+    say!("peak allocated      {}", FormatSize(peak_alloc));
+    say!(
         "peak reserved       {} ({} bytes)",
         FormatSize(peak_reserved),
         peak_reserved
     );
-    println!(
+    say!(
         "reserved/allocated  {:.3}",
         ratio(peak_reserved, peak_alloc)
     );
-    println!(
+    say!(
         "reserved/requested  {:.3}",
         ratio(peak_reserved, peak_requested)
     );
-    println!("segments now        {}", s.segment.all.current);
-    println!("device mallocs      {}", report.device_mallocs);
-    println!("device frees        {}", report.device_frees);
-    println!("OOMs                {}", s.num_ooms);
-    println!("alloc retries       {}", s.num_alloc_retries);
+    say!("segments now        {}", s.segment.all.current);
+    say!("device mallocs      {}", report.device_mallocs);
+    say!("device frees        {}", report.device_frees);
+    say!("OOMs                {}", s.num_ooms);
+    say!("alloc retries       {}", s.num_alloc_retries);
     if c.refused + c.skipped > 0 {
-        println!("refused (≥1 EiB)    {}", c.refused);
-        println!("skipped free/record {}", c.skipped);
+        say!("refused (≥1 EiB)    {}", c.refused);
+        say!("skipped free/record {}", c.skipped);
     }
     let build = if cfg!(debug_assertions) {
         " (debug build: `cargo run --release -p npu-alloc-cli -- replay ...` or `cargo xtask bench` for speed)"
     } else {
         ""
     };
-    println!(
+    say!(
         "ops per second      {:.0}{build}",
         c.ops as f64 / seconds.max(1e-9)
     );
-    println!("(peaks are since the trace's last reset_peak, as torch reports them)");
+    say!("(peaks are since the trace's last reset_peak, as torch reports them)");
 }

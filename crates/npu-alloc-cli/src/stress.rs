@@ -3,6 +3,7 @@
 //! policy (see `alloc_trace::stress`). A failure prints the seed, the command that reproduces it,
 //! and the shrunk operations as `.trace` text that `npu-alloc replay --check` re-runs.
 
+use crate::out::say;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -88,7 +89,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             .map(|(name, conf)| (name.to_string(), conf.to_string()))
             .collect(),
     };
-    println!(
+    say!(
         "stress: seed {seed}, {} operations per configuration, capacity {}, pad {}, flavour {}, \
          fault rate {}, max live {}",
         args.ops,
@@ -105,7 +106,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             eprintln!("warning: alloc conf {conf:?}: {w}");
         }
         if let Some(notice) = stress::unsupported(&parsed.conf) {
-            println!("{name:<26} skipped: {notice}");
+            say!("{name:<26} skipped: {notice}");
             continue;
         }
         let mut params = StressParams::new(seed, args.ops, &conf);
@@ -120,11 +121,11 @@ pub(crate) fn run(args: Args) -> ExitCode {
             Ok(report) => print_report(&name, &report, start.elapsed()),
             Err(failure) => {
                 failed = true;
-                println!(
+                say!(
                     "{name:<26} FAILED after {:.1} s (shrinking included)",
                     start.elapsed().as_secs_f64()
                 );
-                println!("{failure}");
+                say!("{failure}");
             }
         }
     }
@@ -137,7 +138,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 
 fn print_report(name: &str, r: &Report, elapsed: Duration) {
     let c = &r.counts;
-    println!(
+    say!(
         "{name:<26} {} ops, {} allocs, {} OOMs, {} refused (>= 1 EiB), {} misuses, \
          {} faults ({} fired: {} device errors, {} absorbed), {} device mallocs, {} device frees, \
          {} drains, peak reserved {}, {:.2} s",

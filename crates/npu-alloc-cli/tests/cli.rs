@@ -124,3 +124,74 @@ fn a_stress_failure_prints_a_trace_that_replay_check_reproduces() {
     let o = npu_alloc(&["replay", path, "--check"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+#[test]
+fn conf_and_the_runtime_agree_on_a_variable_that_is_not_utf8() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+
+    let npu = b"max_split_size_mb:64,\xff".to_vec();
+    let cuda = b"max_split_size_mb:128".to_vec();
+    let o = Command::new(env!("CARGO_BIN_EXE_npu-alloc"))
+        .args(["conf", "--json"])
+        .env_clear()
+        .env("PYTORCH_NPU_ALLOC_CONF", OsString::from_vec(npu.clone()))
+        .env("PYTORCH_CUDA_ALLOC_CONF", OsString::from_vec(cuda.clone()))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(json["source"], "PYTORCH_NPU_ALLOC_CONF");
+    assert_eq!(json["config"]["max_split_size"], 64 << 20);
+    assert_eq!(json["warnings"][0]["kind"], "not_utf8");
+    assert_eq!(json["warnings"][0]["key"], "PYTORCH_NPU_ALLOC_CONF");
+    assert!(
+        json["warnings"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("bytes \\xff at offset 21"),
+        "{json}"
+    );
+    // The runtime reads the same environment the same way.
+    let (config, warnings) = npu_runtime::Config::from_lookup(None, |name| match name {
+        "PYTORCH_NPU_ALLOC_CONF" => Some(npu.clone()),
+        "PYTORCH_CUDA_ALLOC_CONF" => Some(cuda.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        config.source.map(|s| s.name()),
+        Some("PYTORCH_NPU_ALLOC_CONF")
+    );
+    assert_eq!(config.alloc.max_split_size, Some(64 << 20));
+    assert!(
+        warnings[0].to_string().contains("not_utf8"),
+        "{}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn a_reader_that_goes_away_ends_the_output_quietly() {
+    use std::io::Read;
+    use std::process::Stdio;
+
+    // Thousands of JSON records, far more than a pipe holds: the writer meets a closed pipe.
+    let mut text = String::from("pad 0\nalloc a 1K\n");
+    for i in 0..5000 {
+        text.push_str(&format!("stats s{i}\n"));
+    }
+    let path = temp_file("many_stats.trace", &text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_npu-alloc"))
+        .args(["replay", path.to_str().unwrap(), "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 64];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is dropped here, as `| head -c 64` would.
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(stderr(&o).is_empty(), "{}", stderr(&o));
+    assert!(first.starts_with(b"{\"label\":\"s0\""));
+}

@@ -12,6 +12,12 @@ use alloc_conf::{AllocConf, Source, Warning};
 use crate::sync::global::OnceLock;
 use crate::warn_once::warn_once;
 
+/// A variable of the process environment as raw bytes (a value need not be UTF-8), the lookup
+/// [`Config::from_lookup`] and `alloc_conf::from_env` take.
+pub fn env_var(name: &str) -> Option<Vec<u8>> {
+    std::env::var_os(name).map(std::ffi::OsString::into_encoded_bytes)
+}
+
 /// `PYTORCH_NO_NPU_MEMORY_CACHING`: `1` turns the cache off, `0` (or unset) keeps it.
 pub const NO_CACHING_ENV: &str = "PYTORCH_NO_NPU_MEMORY_CACHING";
 
@@ -69,11 +75,12 @@ impl fmt::Display for ConfigWarning {
 impl Config {
     /// The configuration an environment describes, with what it ignored. The allocator config
     /// string is `explicit` if given and not blank, else the first variable of
-    /// [`alloc_conf::ENV_VARS`] that is set and not blank. `lookup` returns a variable's value,
-    /// `None` when unset.
+    /// [`alloc_conf::ENV_VARS`] that is set and not blank. `lookup` returns a variable's raw bytes,
+    /// `None` when unset ([`env_var`] for the process environment): a value that is not UTF-8 is
+    /// set, decided exactly as `alloc_conf::from_env` decides (and as `npu-alloc conf` shows).
     pub fn from_lookup<F>(explicit: Option<&str>, lookup: F) -> (Config, Vec<ConfigWarning>)
     where
-        F: Fn(&str) -> Option<String>,
+        F: Fn(&str) -> Option<Vec<u8>>,
     {
         let loaded = alloc_conf::from_env(explicit, &lookup);
         let mut warnings: Vec<ConfigWarning> = match loaded.source {
@@ -85,13 +92,17 @@ impl Config {
                 .collect(),
             None => Vec::new(),
         };
-        let caching = match lookup(NO_CACHING_ENV).as_deref().map(str::trim) {
-            None | Some("" | "0") => true,
-            Some("1") => false,
+        let no_caching = lookup(NO_CACHING_ENV).map(String::from_utf8);
+        let caching = match no_caching.as_ref().map(|v| v.as_deref().map(str::trim)) {
+            None | Some(Ok("" | "0")) => true,
+            Some(Ok("1")) => false,
+            // Anything else, bytes that are not UTF-8 included, is invalid: caching stays on.
             Some(other) => {
-                warnings.push(ConfigWarning::InvalidNoCaching {
-                    value: other.to_owned(),
-                });
+                let value = match other {
+                    Ok(text) => (*text).to_owned(),
+                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+                };
+                warnings.push(ConfigWarning::InvalidNoCaching { value });
                 true
             }
         };
@@ -108,7 +119,7 @@ impl Config {
     pub fn from_env() -> Config {
         static ENV: OnceLock<Config> = OnceLock::new();
         ENV.get_or_init(|| {
-            let (config, warnings) = Config::from_lookup(None, |name| std::env::var(name).ok());
+            let (config, warnings) = Config::from_lookup(None, env_var);
             for w in &warnings {
                 warn_once(&w.to_string());
             }
@@ -122,12 +133,12 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<Vec<u8>> {
         move |k| {
             pairs
                 .iter()
                 .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
+                .map(|(_, v)| v.as_bytes().to_vec())
         }
     }
 
@@ -187,5 +198,34 @@ mod tests {
                 )
             );
         }
+    }
+
+    #[test]
+    fn values_that_are_not_utf8_are_set_and_warned_about() {
+        // The NPU variable is set to bytes that are not UTF-8: it wins over the CUDA one (as
+        // `npu-alloc conf` shows), its lossy text is parsed, a warning names the bad byte.
+        let lookup = |name: &str| match name {
+            "PYTORCH_NPU_ALLOC_CONF" => Some(b"max_split_size_mb:64,\xff".to_vec()),
+            "PYTORCH_CUDA_ALLOC_CONF" => Some(b"max_split_size_mb:128".to_vec()),
+            NO_CACHING_ENV => Some(b"1\xff".to_vec()),
+            _ => None,
+        };
+        let (config, warnings) = Config::from_lookup(None, lookup);
+        assert_eq!(config.source, Some(Source::Var("PYTORCH_NPU_ALLOC_CONF")));
+        assert_eq!(config.alloc.max_split_size, Some(64 << 20));
+        let text = warnings[0].to_string();
+        assert!(
+            text.starts_with("PYTORCH_NPU_ALLOC_CONF: not_utf8 `PYTORCH_NPU_ALLOC_CONF`:"),
+            "{text}"
+        );
+        assert!(text.contains("bytes \\xff at offset 21"), "{text}");
+        // PYTORCH_NO_NPU_MEMORY_CACHING=$'1\xff' is invalid, not unset: caching stays on, warned.
+        assert!(config.caching);
+        assert_eq!(
+            warnings.last(),
+            Some(&ConfigWarning::InvalidNoCaching {
+                value: "1\u{fffd}".into()
+            })
+        );
     }
 }

@@ -36,6 +36,6 @@ pub use alloc_core::{
     AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, SegmentInfo,
 };
 pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
-pub use config::{Config, ConfigWarning, NO_CACHING_ENV};
+pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use error::RuntimeError;
 pub use summary::memory_summary;

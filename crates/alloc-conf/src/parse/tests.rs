@@ -229,6 +229,18 @@ fn key_garbage_collection_threshold() {
         p.warnings[0].message,
         "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got 1.5"
     );
+    // More digits than an f64 holds: the message says what the text was read as.
+    let p = parse("garbage_collection_threshold:0.99999999999999999999");
+    assert_eq!(
+        p.warnings[0].message,
+        "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got \
+         0.99999999999999999999 (read as 1)"
+    );
+    let p = parse("garbage_collection_threshold:1e-400");
+    assert_eq!(
+        p.warnings[0].message,
+        "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got 1e-400 (read as 0)"
+    );
 }
 
 #[test]
@@ -774,7 +786,7 @@ fn page_size_with_other_keys_is_accepted() {
 /// Parses an example through the precedence, as `PYTORCH_NPU_ALLOC_CONF`.
 fn example(value: &str) -> AllocConf {
     let l = crate::from_env(None, |name| {
-        (name == "PYTORCH_NPU_ALLOC_CONF").then(|| String::from(value))
+        (name == "PYTORCH_NPU_ALLOC_CONF").then(|| value.as_bytes().to_vec())
     });
     assert_eq!(l.source, Some(crate::Source::Var("PYTORCH_NPU_ALLOC_CONF")));
     assert!(
