@@ -7,6 +7,7 @@
 mod bench;
 mod cargo;
 mod loom;
+mod runtime_stress;
 mod test_hw;
 
 use std::ffi::OsString;
@@ -37,7 +38,9 @@ enum Command {
     /// `npu-alloc conf`: parse an allocator config string (or the environment) and explain it.
     #[command(disable_help_flag = true)]
     Conf(Forwarded),
-    /// `npu-alloc stress`: random operations, faults and misuse, every invariant checked.
+    /// `npu-alloc stress`: random operations, faults and misuse, every invariant checked; with
+    /// `--runtime` first, the threaded runtime over the fake libascendcl instead (see
+    /// `cargo xtask stress --runtime --help`).
     #[command(disable_help_flag = true)]
     Stress(Forwarded),
     /// Run npu-runtime's loom models (`--cfg loom`, release, bounded preemptions).
@@ -46,6 +49,13 @@ enum Command {
     Bench(bench::Args),
     /// Probe for Ascend hardware and run the hardware suite (exit 0 without hardware).
     TestHw(test_hw::Args),
+}
+
+/// `cargo xtask stress --runtime`'s own command line.
+#[derive(Parser)]
+struct RuntimeStress {
+    #[command(flatten)]
+    args: runtime_stress::Args,
 }
 
 /// Runs `npu-alloc <name> <args>`.
@@ -62,6 +72,15 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Replay(args) => forward("replay", args),
         Command::Conf(args) => forward("conf", args),
+        Command::Stress(args) if args.args.first().is_some_and(|a| a == "--runtime") => {
+            let argv = ["cargo xtask stress --runtime"].map(OsString::from);
+            match npu_alloc_cli::parse_args::<RuntimeStress>(
+                argv.into_iter().chain(args.args.into_iter().skip(1)),
+            ) {
+                Ok(cli) => runtime_stress::run(cli.args),
+                Err(code) => code,
+            }
+        }
         Command::Stress(args) => forward("stress", args),
         Command::Loom(args) => loom::run(args),
         Command::TestHw(args) => test_hw::run(args),

@@ -174,10 +174,7 @@ where
                 Ok(addr)
             }
             Err(RuntimeError::Alloc(AllocError::OutOfMemory(oom))) => {
-                let observers = self.observers.lock().clone();
-                for observer in observers {
-                    observer(&oom);
-                }
+                self.notify_observers(&oom);
                 Err(AllocError::OutOfMemory(oom).into())
             }
             Err(e) => Err(e),
@@ -377,7 +374,33 @@ where
         })
     }
 
-    /// Calls `observer` with each out-of-memory error, after the device's lock is released.
+    /// Calls every observer with `oom`, unless this thread is already inside an observer: an
+    /// observer that allocates and runs out of memory again (on another device, say) would
+    /// otherwise call the observers again, without end.
+    fn notify_observers(&self, oom: &OutOfMemory) {
+        thread_local! {
+            static NOTIFYING: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
+        }
+        if NOTIFYING.with(|n| n.replace(true)) {
+            return;
+        }
+        /// Clears the flag however the observers return (one may panic).
+        struct Done;
+        impl Drop for Done {
+            fn drop(&mut self) {
+                NOTIFYING.with(|n| n.set(false));
+            }
+        }
+        let _done = Done;
+        let observers = self.observers.lock().clone();
+        for observer in observers {
+            observer(oom);
+        }
+    }
+
+    /// Calls `observer` with each out-of-memory error, after the device's lock is released. An
+    /// out-of-memory error raised inside an observer (by a malloc it makes) is returned to it
+    /// without calling the observers again.
     pub fn attach_out_of_memory_observer<F>(&self, observer: F)
     where
         F: Fn(&OutOfMemory) + Send + Sync + 'static,

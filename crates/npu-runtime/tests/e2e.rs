@@ -3,14 +3,12 @@
 #![cfg(not(loom))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-mod common;
-
 use std::sync::{Arc, Mutex, Weak};
 
-use common::{FakeAcl, Variant};
 use npu_runtime::{
     AclError, AclPlatform, Config, FreeError, GcStatus, NpuAllocator, RuntimeError, Stream,
 };
+use testkit::fake_acl::{FakeAcl, Variant};
 
 const MIB: u64 = 1 << 20;
 

@@ -4,12 +4,10 @@
 #![cfg(not(loom))]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-mod common;
-
 use std::sync::Mutex;
 
-use common::{FakeAcl, Variant};
 use npu_runtime::{AclError, AclPlatform, Config, NpuAllocator, Stream};
+use testkit::fake_acl::{FakeAcl, Variant};
 
 /// Captures every warning logged.
 struct Capture(Mutex<Vec<String>>);

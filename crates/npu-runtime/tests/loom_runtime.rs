@@ -6,7 +6,7 @@
 
 mod sim;
 
-use alloc_sim::{SimStream, TestDevice};
+use alloc_sim::{DeviceCall, Fault, SimStream, TestDevice};
 use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
@@ -227,5 +227,165 @@ fn oom_observer_allocates_again_without_deadlock() {
         assert!(observed.load(Ordering::Acquire));
         check_settled(&rt);
         slot.lock().unwrap().take();
+    });
+}
+
+#[test]
+fn a_device_error_in_one_malloc_races_another_thread() {
+    loom::model(|| {
+        // The first device malloc fails with an injected error: torch_npu's chain synchronizes,
+        // releases the cache and retries, while another thread allocates and frees.
+        let rt = runtime(1, 64 * MIB, false);
+        rt.with_device(0, |d| {
+            d.fail_nth(DeviceCall::Malloc, 1, Fault::Error(507_899));
+        })
+        .unwrap();
+        let handles: Vec<_> = [12 * MIB, 1000]
+            .into_iter()
+            .map(|size| {
+                let rt = rt.clone();
+                thread::spawn(move || {
+                    let p = rt.malloc(size, 0, S0).unwrap();
+                    rt.free(p).unwrap();
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        let stats = rt.device_stats(0).unwrap();
+        assert_eq!(
+            stats.num_alloc_retries, 1,
+            "the failed malloc was retried once"
+        );
+        check_settled(&rt);
+    });
+}
+
+#[test]
+fn frees_and_empty_cache_on_different_devices_race() {
+    loom::model(|| {
+        let rt = runtime(2, 64 * MIB, false);
+        let p0 = rt.malloc(1000, 0, S0).unwrap();
+        let p1 = rt.malloc(3 * MIB, 1, S0).unwrap();
+        let freer = {
+            let rt = rt.clone();
+            thread::spawn(move || rt.free(p0).unwrap())
+        };
+        let other = {
+            let rt = rt.clone();
+            thread::spawn(move || {
+                rt.free(p1).unwrap();
+                rt.empty_cache().unwrap();
+            })
+        };
+        freer.join().unwrap();
+        other.join().unwrap();
+        check_settled(&rt);
+    });
+}
+
+#[test]
+fn two_threads_run_out_of_memory_at_once_and_an_observer_frees() {
+    loom::model(|| {
+        // 24 MiB: one 20 MiB segment fits, two do not. A held 12 MiB block fills it; both
+        // threads' 12 MiB requests run out of memory, and the observer frees the held block (at
+        // most once). Neither thread may deadlock; everything settles.
+        let rt = runtime(1, 24 * MIB, false);
+        let held = Arc::new(Mutex::new(Some(rt.malloc(12 * MIB, 0, S0).unwrap())));
+        let slot = Arc::new(Mutex::new(Some(rt.clone())));
+        {
+            let (slot, held) = (slot.clone(), held.clone());
+            rt.attach_out_of_memory_observer(move |_| {
+                let rt = slot.lock().unwrap().clone().expect("runtime alive");
+                if let Some(p) = held.lock().unwrap().take() {
+                    rt.free(p).unwrap();
+                }
+            });
+        }
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let rt = rt.clone();
+                thread::spawn(move || {
+                    if let Ok(p) = rt.malloc(12 * MIB, 0, S0) {
+                        rt.free(p).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+        if let Some(p) = held.lock().unwrap().take() {
+            rt.free(p).unwrap();
+        }
+        check_settled(&rt);
+        slot.lock().unwrap().take();
+    });
+}
+
+#[test]
+fn a_fraction_change_races_a_malloc_with_the_lock_released() {
+    loom::model(|| {
+        // The malloc drops the allocator's lock around its device malloc; the fraction changes
+        // meanwhile. Whatever the order, the malloc succeeds or runs out of memory, and the
+        // reserve never passes what the device handed out.
+        let rt = runtime(1, 64 * MIB, true);
+        let user = {
+            let rt = rt.clone();
+            thread::spawn(move || match rt.malloc(30 * MIB, 0, S0) {
+                Ok(p) => rt.free(p).unwrap(),
+                Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+            })
+        };
+        let limiter = {
+            let rt = rt.clone();
+            thread::spawn(move || {
+                rt.set_per_process_memory_fraction(0.25, 0).unwrap();
+                rt.set_per_process_memory_fraction(1.0, 0).unwrap();
+            })
+        };
+        user.join().unwrap();
+        limiter.join().unwrap();
+        check_settled(&rt);
+    });
+}
+
+#[test]
+fn record_stream_races_free_and_event_processing() {
+    loom::model(|| {
+        let rt = runtime(1, 64 * MIB, false);
+        let p = rt.malloc(1000, 0, S0).unwrap();
+        let recorder = {
+            let rt = rt.clone();
+            // Before the free: an event is recorded at the free; after it: NotAllocated.
+            thread::spawn(move || {
+                if let Err(e) = rt.record_stream(p, SimStream(7)) {
+                    assert!(
+                        matches!(
+                            e,
+                            npu_runtime::RuntimeError::Free(
+                                npu_runtime::FreeError::NotAllocated { .. }
+                            )
+                        ),
+                        "{e}"
+                    );
+                }
+            })
+        };
+        let freer = {
+            let rt = rt.clone();
+            thread::spawn(move || {
+                rt.free(p).unwrap();
+                sim::complete_all(&rt);
+                rt.process_events(0).unwrap();
+            })
+        };
+        recorder.join().unwrap();
+        freer.join().unwrap();
+        sim::complete_all(&rt);
+        rt.process_events(0).unwrap();
+        assert_eq!(rt.device_stats(0).unwrap().active_bytes.all.current, 0);
+        check_settled(&rt);
     });
 }

@@ -1,11 +1,13 @@
-//! What only tests need: proptest strategies that draw `.trace` operations ([`strategy`]) and the
-//! interleaved timing of the ratio benches ([`paired`]). The fake `libascendcl` lives beside it,
-//! in `testkit/fake-ascendcl`.
+//! What only tests need: proptest strategies that draw `.trace` operations ([`strategy`]), the
+//! interleaved timing of the ratio benches ([`paired`]), and the handle on the fake
+//! `libascendcl` ([`fake_acl`]; the library itself is `testkit/fake-ascendcl`).
 //!
 //! Nothing here is needed by a program at run time.
-#![forbid(unsafe_code)]
+// `fake_acl` is an FFI edge (it calls the fake's C controls); nothing else here is unsafe.
+#![deny(unsafe_code)]
 #![warn(unreachable_pub)]
 
+pub mod fake_acl;
 pub mod paired;
 pub mod strategy;
 

@@ -641,6 +641,12 @@ pub extern "C" fn fake_acl_reset(capacity: u64, devices: u32) {
     *s = State::new(capacity, devices, generation);
 }
 
+/// Drops every injected failure still waiting for its call.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_clear_failures() {
+    state().failures.clear();
+}
+
 /// Makes `aclrtGetDeviceCount` report `count` devices (the real count stays), as a broken or
 /// mismatched library would.
 #[unsafe(no_mangle)]

@@ -1,9 +1,12 @@
-//! The fake `libascendcl` (crate `fake-ascendcl`) for end-to-end tests: built once per test
-//! process with a nested `cargo build` into its own target directory, then copied to a fresh
-//! directory per test, so each test loads its own instance (the dynamic loader keys loaded
-//! libraries by file, and each copy has its own statics) and tests can run in parallel.
-
-#![allow(dead_code)]
+//! The fake `libascendcl` (crate `fake-ascendcl`) for end-to-end tests and the runtime stress:
+//! built once per process with a nested `cargo build` into its own target directory, then copied
+//! to a fresh directory per use, so each user loads its own instance (the dynamic loader keys
+//! loaded libraries by file, and each copy has its own statics) and tests can run in parallel.
+//!
+//! [`FakeAcl`] also reaches the fake's test-only controls (`fake_acl_*`): counters, injected
+//! failures, event completion, the bytes in use. This is an FFI edge: each control is a C
+//! function called through `libloading`, with its exact signature.
+#![allow(unsafe_code)]
 
 use std::ffi::{CString, c_char};
 use std::path::{Path, PathBuf};
@@ -22,12 +25,17 @@ pub enum Variant {
     Legacy,
 }
 
-/// The target directory this test binary was built into (`<target>/<profile>/deps/<exe>`).
+/// The target directory the running executable was built into: the parent of its profile
+/// directory (`<target>/debug/deps/<test>` or `<target>/release/xtask`).
 fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
+    let exe = std::env::current_exe().expect("executable path");
     exe.ancestors()
-        .nth(3)
-        .expect("test executable lies in <target>/<profile>/deps")
+        .find(|dir| {
+            dir.file_name()
+                .is_some_and(|n| n == "debug" || n == "release")
+        })
+        .and_then(Path::parent)
+        .expect("the executable lies in <target>/<profile>")
         .to_path_buf()
 }
 
@@ -153,6 +161,11 @@ impl FakeAcl {
     pub fn report_devices(&self, count: u32) {
         // SAFETY: the fake's `void f(uint32_t)` control.
         unsafe { self.sym::<unsafe extern "C" fn(u32)>("fake_acl_report_devices")(count) }
+    }
+
+    /// Drops every injected failure still waiting for its call.
+    pub fn clear_failures(&self) {
+        self.unit("fake_acl_clear_failures");
     }
 
     /// Completes every recorded event.
