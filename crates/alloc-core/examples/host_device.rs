@@ -80,6 +80,8 @@ impl Device for HostDevice {
     type Stream = HostStream;
     type Event = HostEvent;
     type Error = HostError;
+    // Host memory has no virtual-memory calls here: expandable segments fall back to plain ones.
+    type Page = core::convert::Infallible;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<HostError>> {
         if self.used + bytes > self.capacity {

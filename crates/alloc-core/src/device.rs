@@ -4,6 +4,13 @@
 //! records and polls stream events, and synchronizes before it gives cached memory back. A runtime
 //! (the ACL device in `npu-runtime`, `alloc-sim`'s `SimDevice`, or any other embedder) implements
 //! this trait; the policy is generic over it (static dispatch, as wgpu-hal does).
+//!
+//! Expandable segments need a second, optional set of calls: reserve a virtual address range,
+//! create physical pages, map and unmap them, give both back (ACL's `aclrtReserveMemAddress`,
+//! `aclrtMallocPhysical`, `aclrtMapMem`, `aclrtUnmapMem`, `aclrtFreePhysical`,
+//! `aclrtReleaseMemAddress`). Their default bodies answer [`VmmError::Unsupported`], so a device
+//! without virtual memory implements none of them and the allocator runs without expandable
+//! segments, as torch_npu does on a driver without them.
 
 use core::fmt;
 
@@ -34,6 +41,28 @@ impl<E: fmt::Display> fmt::Display for DeviceError<E> {
     }
 }
 
+/// A failed virtual-memory call, or a device that has none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmmError<E> {
+    /// The device or its driver has no virtual-memory calls (ACL 207000, or a `libascendcl`
+    /// without the symbols).
+    Unsupported,
+    /// No physical memory left for a page (ACL 207001): the request takes the out-of-memory path.
+    OutOfMemory,
+    /// Any other failure, returned to the caller unchanged.
+    Other(E),
+}
+
+impl<E: fmt::Display> fmt::Display for VmmError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            VmmError::Unsupported => f.write_str("the device has no virtual-memory support"),
+            VmmError::OutOfMemory => f.write_str("device out of memory for a physical page"),
+            VmmError::Other(e) => write!(f, "device error: {e}"),
+        }
+    }
+}
+
 /// A stream handle of a [`Device`]: a value the policy copies, compares (blocks are reused only on
 /// the stream they were allocated on) and gives back to [`Device::record_event`], never invents.
 pub trait Stream: Copy + Ord + fmt::Debug {
@@ -51,6 +80,9 @@ pub trait Device {
     type Event;
     /// The device's own error (for example an ACL status code).
     type Error: fmt::Debug + fmt::Display;
+    /// A physical page of an expandable segment (ACL's `aclrtDrvMemHandle`). A device without
+    /// virtual memory names a type it never creates, such as `core::convert::Infallible`.
+    type Page;
 
     /// Allocates one segment of exactly `bytes` bytes and returns its address (never 0).
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<Self::Error>>;
@@ -66,4 +98,50 @@ pub trait Device {
     fn release_event(&mut self, event: Self::Event);
     /// Waits for all work on every stream; called before cached memory goes back to the device.
     fn synchronize(&mut self) -> Result<(), Self::Error>;
+
+    /// Reserves `bytes` of virtual address space, backed by nothing yet, and returns its start
+    /// (never 0).
+    fn reserve_address(&mut self, bytes: u64) -> Result<u64, VmmError<Self::Error>> {
+        let _ = bytes;
+        Err(VmmError::Unsupported)
+    }
+
+    /// Gives back a range from [`Device::reserve_address`] whose pages are all unmapped.
+    fn release_address(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<Self::Error>> {
+        let _ = (addr, bytes);
+        Err(VmmError::Unsupported)
+    }
+
+    /// Creates one physical page of `bytes` bytes (the segment's page size).
+    fn create_page(&mut self, bytes: u64) -> Result<Self::Page, VmmError<Self::Error>> {
+        let _ = bytes;
+        Err(VmmError::Unsupported)
+    }
+
+    /// Frees a physical page that is not mapped. On failure the page comes back with the error,
+    /// still owned by the caller, so nothing is lost.
+    #[allow(clippy::type_complexity)]
+    fn release_page(
+        &mut self,
+        page: Self::Page,
+    ) -> Result<(), (Self::Page, VmmError<Self::Error>)> {
+        Err((page, VmmError::Unsupported))
+    }
+
+    /// Maps `page` (of `bytes` bytes) at `addr`, inside a reserved range.
+    fn map(
+        &mut self,
+        addr: u64,
+        bytes: u64,
+        page: &Self::Page,
+    ) -> Result<(), VmmError<Self::Error>> {
+        let _ = (addr, bytes, page);
+        Err(VmmError::Unsupported)
+    }
+
+    /// Unmaps the page of `bytes` bytes mapped at `addr`; the page itself stays alive.
+    fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<Self::Error>> {
+        let _ = (addr, bytes);
+        Err(VmmError::Unsupported)
+    }
 }

@@ -35,7 +35,7 @@ mod stream_events;
 
 pub use alloc_conf::AllocConf;
 pub use allocator::{Allocator, DeviceFacts, Flavour, Notice};
-pub use device::{Device, DeviceError, MemInfo, Stream};
+pub use device::{Device, DeviceError, MemInfo, Stream, VmmError};
 pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory};
 pub use garbage_collection::GcStatus;
 pub use oom_retry::{MallocStep, PendingMalloc};

@@ -9,7 +9,7 @@
 use core::fmt;
 use core::ops::{Deref, DerefMut};
 
-use alloc_core::{Device, DeviceError, MemInfo};
+use alloc_core::{Device, DeviceError, MemInfo, VmmError};
 
 use crate::sim_device::SimDevice;
 
@@ -28,17 +28,45 @@ pub enum DeviceCall {
     Synchronize,
     /// [`Device::mem_info`](alloc_core::Device::mem_info).
     MemInfo,
+    /// [`Device::reserve_address`](alloc_core::Device::reserve_address).
+    ReserveAddress,
+    /// [`Device::release_address`](alloc_core::Device::release_address).
+    ReleaseAddress,
+    /// [`Device::create_page`](alloc_core::Device::create_page).
+    CreatePage,
+    /// [`Device::release_page`](alloc_core::Device::release_page).
+    ReleasePage,
+    /// [`Device::map`](alloc_core::Device::map).
+    Map,
+    /// [`Device::unmap`](alloc_core::Device::unmap).
+    Unmap,
 }
 
 impl DeviceCall {
     /// Every call kind, in declaration order.
-    pub const ALL: [DeviceCall; 6] = [
+    pub const ALL: [DeviceCall; 12] = [
         DeviceCall::Malloc,
         DeviceCall::Free,
         DeviceCall::RecordEvent,
         DeviceCall::EventDone,
         DeviceCall::Synchronize,
         DeviceCall::MemInfo,
+        DeviceCall::ReserveAddress,
+        DeviceCall::ReleaseAddress,
+        DeviceCall::CreatePage,
+        DeviceCall::ReleasePage,
+        DeviceCall::Map,
+        DeviceCall::Unmap,
+    ];
+
+    /// The virtual-memory calls (expandable segments), in declaration order.
+    pub const VMM: [DeviceCall; 6] = [
+        DeviceCall::ReserveAddress,
+        DeviceCall::ReleaseAddress,
+        DeviceCall::CreatePage,
+        DeviceCall::ReleasePage,
+        DeviceCall::Map,
+        DeviceCall::Unmap,
     ];
 
     /// The trait method's name, as used in error messages.
@@ -50,6 +78,12 @@ impl DeviceCall {
             DeviceCall::EventDone => "event_done",
             DeviceCall::Synchronize => "synchronize",
             DeviceCall::MemInfo => "mem_info",
+            DeviceCall::ReserveAddress => "reserve_address",
+            DeviceCall::ReleaseAddress => "release_address",
+            DeviceCall::CreatePage => "create_page",
+            DeviceCall::ReleasePage => "release_page",
+            DeviceCall::Map => "map",
+            DeviceCall::Unmap => "unmap",
         }
     }
 
@@ -67,8 +101,9 @@ impl fmt::Display for DeviceCall {
 /// How an injected failure shows itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// `DeviceError::OutOfMemory` (only meaningful for `malloc`; other calls report it as an
-    /// error with code [`Fault::OOM_CODE`]).
+    /// `DeviceError::OutOfMemory` from `malloc` and `VmmError::OutOfMemory` from `create_page`
+    /// (the calls where it means something); other calls report it as an error with code
+    /// [`Fault::OOM_CODE`].
     OutOfMemory,
     /// A device error carrying this code (`SimError::Injected`).
     Error(i32),
@@ -274,6 +309,21 @@ impl<D> FaultInjector<D> {
             }),
         }
     }
+
+    /// The injected failure of a virtual-memory call, if one is due: out-of-memory where `call`
+    /// can report it (`create_page`), else the fault's code.
+    fn check_vmm<E>(&mut self, call: DeviceCall) -> Result<(), VmmError<FaultError<E>>> {
+        match self.plan.on_call(call) {
+            None => Ok(()),
+            Some(Fault::OutOfMemory) if call == DeviceCall::CreatePage => {
+                Err(VmmError::OutOfMemory)
+            }
+            Some(fault) => Err(VmmError::Other(FaultError::Injected {
+                call,
+                code: fault.code(),
+            })),
+        }
+    }
 }
 
 impl<D> Deref for FaultInjector<D> {
@@ -299,6 +349,7 @@ impl<D: Device> Device for FaultInjector<D> {
     type Stream = D::Stream;
     type Event = D::Event;
     type Error = FaultError<D::Error>;
+    type Page = D::Page;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<Self::Error>> {
         match self.plan.on_call(DeviceCall::Malloc) {
@@ -344,6 +395,49 @@ impl<D: Device> Device for FaultInjector<D> {
     fn synchronize(&mut self) -> Result<(), Self::Error> {
         self.check(DeviceCall::Synchronize)?;
         self.inner.synchronize().map_err(FaultError::Device)
+    }
+
+    fn reserve_address(&mut self, bytes: u64) -> Result<u64, VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::ReserveAddress)?;
+        self.inner.reserve_address(bytes).map_err(wrap_vmm)
+    }
+
+    fn release_address(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::ReleaseAddress)?;
+        self.inner.release_address(addr, bytes).map_err(wrap_vmm)
+    }
+
+    fn create_page(&mut self, bytes: u64) -> Result<D::Page, VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::CreatePage)?;
+        self.inner.create_page(bytes).map_err(wrap_vmm)
+    }
+
+    fn release_page(&mut self, page: D::Page) -> Result<(), (D::Page, VmmError<Self::Error>)> {
+        if let Err(e) = self.check_vmm(DeviceCall::ReleasePage) {
+            return Err((page, e));
+        }
+        self.inner
+            .release_page(page)
+            .map_err(|(page, e)| (page, wrap_vmm(e)))
+    }
+
+    fn map(&mut self, addr: u64, bytes: u64, page: &D::Page) -> Result<(), VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::Map)?;
+        self.inner.map(addr, bytes, page).map_err(wrap_vmm)
+    }
+
+    fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::Unmap)?;
+        self.inner.unmap(addr, bytes).map_err(wrap_vmm)
+    }
+}
+
+/// The wrapped device's own virtual-memory error, as the injector reports it.
+fn wrap_vmm<E>(e: VmmError<E>) -> VmmError<FaultError<E>> {
+    match e {
+        VmmError::Unsupported => VmmError::Unsupported,
+        VmmError::OutOfMemory => VmmError::OutOfMemory,
+        VmmError::Other(e) => VmmError::Other(FaultError::Device(e)),
     }
 }
 
@@ -531,6 +625,36 @@ mod tests {
     }
 
     #[test]
+    fn injected_virtual_memory_failures() {
+        let mut d = FaultInjector::new(SimDevice::new(100 * MIB));
+        d.fail_nth(DeviceCall::CreatePage, 1, Fault::OutOfMemory);
+        assert_eq!(d.create_page(2 * MIB), Err(VmmError::OutOfMemory));
+        let page = d.create_page(2 * MIB).unwrap();
+        d.fail_nth(DeviceCall::ReleasePage, 1, Fault::Error(7));
+        // The page comes back with the error and the device still counts it.
+        let (page, e) = d.release_page(page).unwrap_err();
+        assert_eq!(
+            e,
+            VmmError::Other(FaultError::Injected {
+                call: DeviceCall::ReleasePage,
+                code: 7
+            })
+        );
+        assert_eq!(d.live_pages(), 1);
+        d.fail_nth(DeviceCall::ReserveAddress, 1, Fault::OutOfMemory);
+        assert_eq!(
+            d.reserve_address(512),
+            Err(VmmError::Other(FaultError::Injected {
+                call: DeviceCall::ReserveAddress,
+                code: Fault::OOM_CODE
+            }))
+        );
+        assert_eq!(d.release_page(page), Ok(()));
+        assert_eq!(d.live_pages(), 0);
+        assert_eq!(d.calls(DeviceCall::CreatePage), 2);
+    }
+
+    #[test]
     fn names() {
         let names: Vec<String> = DeviceCall::ALL.iter().map(|c| c.to_string()).collect();
         assert_eq!(
@@ -541,7 +665,13 @@ mod tests {
                 "record_event",
                 "event_done",
                 "synchronize",
-                "mem_info"
+                "mem_info",
+                "reserve_address",
+                "release_address",
+                "create_page",
+                "release_page",
+                "map",
+                "unmap"
             ]
         );
     }

@@ -18,7 +18,8 @@ mod sim_device;
 pub use check::{Inconsistency, check_allocations, check_consistency};
 pub use fault::{DeviceCall, Fault, FaultError, FaultInjector};
 pub use sim_device::{
-    BASE_ADDRESS, DEFAULT_CAPACITY, SEGMENT_ALIGNMENT, SimDevice, SimError, SimEvent, SimStream,
+    BASE_ADDRESS, DEFAULT_CAPACITY, SEGMENT_ALIGNMENT, SimDevice, SimError, SimEvent, SimPage,
+    SimStream,
 };
 
 /// The device the replayer, the stress engine and most tests run on: the simulated device behind

@@ -11,6 +11,11 @@
 //! a fresh device is always at `0x1_0000_0000`, the next one at the following 2 MiB boundary past
 //! its end, and so on.
 //!
+//! Virtual memory (for expandable segments) is simulated with the same accounting: reserved
+//! ranges come from the same bump pointer (so they never overlap a segment), physical pages count
+//! against the capacity like segments do, and every map and unmap is checked against the ranges,
+//! pages and mappings alive, so a leak or a double unmap shows in the counters or as an error.
+//!
 //! Capacity follows the trace format (docs/trace-format.md): a `malloc` fails with [`DeviceError::OutOfMemory`] when the
 //! bytes handed out plus the device overhead plus the request exceed the capacity, and
 //! [`Device::mem_info`] reports `(capacity - overhead - handed out, capacity)`.
@@ -18,7 +23,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use alloc_core::{Device, DeviceError, MemInfo, Stream};
+use alloc_core::{Device, DeviceError, MemInfo, Stream, VmmError};
 
 use crate::fault::DeviceCall;
 
@@ -68,6 +73,39 @@ pub enum SimError {
     },
     /// `mem_info` on a device built [`SimDevice::without_mem_info`].
     MemInfoUnsupported,
+    /// `reserve_address(0)` or `create_page(0)`.
+    ZeroSizeVirtual,
+    /// `release_address` of an address that does not start a reserved range, or with another
+    /// size.
+    UnknownRange {
+        /// The address given.
+        addr: u64,
+    },
+    /// `release_address` of a range that still has pages mapped in it.
+    RangeInUse {
+        /// The range's address.
+        addr: u64,
+    },
+    /// `map` of bytes outside every reserved range, or over an existing mapping.
+    BadMapping {
+        /// The address given.
+        addr: u64,
+    },
+    /// `map` of a page with a size other than its own, or of a page that is already mapped.
+    PageMismatch {
+        /// The page's serial number.
+        page: u64,
+    },
+    /// `release_page` of a page that is still mapped.
+    PageMapped {
+        /// The page's serial number.
+        page: u64,
+    },
+    /// `unmap` of an address where no page of that size is mapped.
+    NotMapped {
+        /// The address given.
+        addr: u64,
+    },
 }
 
 impl fmt::Display for SimError {
@@ -89,6 +127,35 @@ impl fmt::Display for SimError {
                 write!(f, "event {id} was not recorded on this device")
             }
             SimError::MemInfoUnsupported => f.write_str("mem_info is not supported"),
+            SimError::ZeroSizeVirtual => f.write_str("reservation or page of 0 bytes"),
+            SimError::UnknownRange { addr } => {
+                write!(
+                    f,
+                    "release of {addr:#x}, which is not a reserved range of that size"
+                )
+            }
+            SimError::RangeInUse { addr } => {
+                write!(
+                    f,
+                    "release of range {addr:#x}, which still has pages mapped"
+                )
+            }
+            SimError::BadMapping { addr } => write!(
+                f,
+                "map at {addr:#x}: outside every reserved range or over a mapping"
+            ),
+            SimError::PageMismatch { page } => {
+                write!(f, "map of page {page}: already mapped, or of another size")
+            }
+            SimError::PageMapped { page } => {
+                write!(f, "release of page {page}, which is still mapped")
+            }
+            SimError::NotMapped { addr } => {
+                write!(
+                    f,
+                    "unmap at {addr:#x}, where no page of that size is mapped"
+                )
+            }
         }
     }
 }
@@ -114,6 +181,26 @@ impl SimEvent {
     /// The stream it was recorded on.
     pub fn stream(&self) -> SimStream {
         self.stream
+    }
+}
+
+/// A physical page of a [`SimDevice`]. Not `Clone`: it is given back exactly once with
+/// [`Device::release_page`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct SimPage {
+    id: u64,
+    bytes: u64,
+}
+
+impl SimPage {
+    /// The device-wide serial number of this page (0 for the first one created).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 
@@ -143,6 +230,16 @@ pub struct SimDevice {
     events_released: u64,
     /// Calls that reached the device, per [`DeviceCall`], failed ones included.
     calls: [u64; DeviceCall::ALL.len()],
+    vmm_supported: bool,
+    /// Reserved virtual ranges: start → bytes.
+    ranges: BTreeMap<u64, u64>,
+    /// Live physical pages: id → (bytes, mapped at).
+    pages: HashMap<u64, (u64, Option<u64>)>,
+    next_page_id: u64,
+    page_bytes: u64,
+    /// Mappings: address → (page id, bytes).
+    mappings: BTreeMap<u64, (u64, u64)>,
+    mapped_bytes: u64,
 }
 
 impl Default for SimDevice {
@@ -170,7 +267,21 @@ impl SimDevice {
             events_recorded: 0,
             events_released: 0,
             calls: [0; DeviceCall::ALL.len()],
+            vmm_supported: true,
+            ranges: BTreeMap::new(),
+            pages: HashMap::new(),
+            next_page_id: 0,
+            page_bytes: 0,
+            mappings: BTreeMap::new(),
+            mapped_bytes: 0,
         }
+    }
+
+    /// Builder: no virtual-memory calls (every one answers `VmmError::Unsupported`), like a
+    /// driver without them.
+    pub fn without_vmm(mut self) -> Self {
+        self.vmm_supported = false;
+        self
     }
 
     /// Builder: the first segment goes at `base` (rounded up to [`SEGMENT_ALIGNMENT`]) instead of
@@ -302,9 +413,80 @@ impl SimDevice {
         self.outstanding_events
     }
 
-    /// Bytes handed out in live segments now.
+    /// Bytes handed out in live segments now (physical pages not included).
     pub fn outstanding_bytes(&self) -> u64 {
         self.handed_out
+    }
+
+    /// Reserved virtual ranges now, as `(address, bytes)` in address order.
+    pub fn reserved_ranges(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.ranges.iter().map(|(&a, &b)| (a, b))
+    }
+
+    /// Live physical pages now, mapped or not.
+    pub fn live_pages(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Bytes of live physical pages now.
+    pub fn page_bytes(&self) -> u64 {
+        self.page_bytes
+    }
+
+    /// Bytes mapped now.
+    pub fn mapped_bytes(&self) -> u64 {
+        self.mapped_bytes
+    }
+
+    /// Mappings now, as `(address, bytes)` in address order.
+    pub fn mappings(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.mappings.iter().map(|(&a, &(_, b))| (a, b))
+    }
+
+    /// Bytes of device memory in use: segments plus physical pages.
+    fn used(&self) -> u64 {
+        self.handed_out + self.page_bytes
+    }
+
+    /// Whether `bytes` more fit in the capacity.
+    fn fits(&self, bytes: u64) -> bool {
+        self.used()
+            .checked_add(self.overhead)
+            .and_then(|used| used.checked_add(bytes))
+            .is_some_and(|needed| needed <= self.capacity)
+    }
+
+    /// Takes `bytes` of address space aligned to [`SEGMENT_ALIGNMENT`] from the bump pointer;
+    /// `None` when the 64-bit address space is exhausted.
+    fn take_addresses(&mut self, bytes: u64) -> Option<u64> {
+        let addr = self
+            .next_addr
+            .checked_next_multiple_of(SEGMENT_ALIGNMENT)
+            .filter(|a| a.checked_add(bytes).is_some())?;
+        self.next_addr = addr + bytes;
+        Some(addr)
+    }
+
+    /// Whether `[addr, addr + bytes)` lies inside one reserved range.
+    fn reserved(&self, addr: u64, bytes: u64) -> bool {
+        self.ranges
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &len)| {
+                addr.checked_add(bytes)
+                    .is_some_and(|end| end <= start + len)
+            })
+    }
+
+    /// Whether `[addr, addr + bytes)` overlaps a mapping.
+    fn overlaps_mapping(&self, addr: u64, bytes: u64) -> bool {
+        let end = addr.saturating_add(bytes);
+        let below = self
+            .mappings
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&a, &(_, b))| a + b > addr);
+        below || self.mappings.range(addr..end).next().is_some()
     }
 
     /// Live segments now.
@@ -312,14 +494,15 @@ impl SimDevice {
         self.segments.len()
     }
 
-    /// The most bytes ever handed out at once (since creation or [`SimDevice::reset_peak`]).
+    /// The most bytes ever in use at once, segments and physical pages together (since creation
+    /// or [`SimDevice::reset_peak`]).
     pub fn peak_outstanding_bytes(&self) -> u64 {
         self.peak
     }
 
-    /// Sets the peak to the bytes handed out now.
+    /// Sets the peak to the bytes in use now.
     pub fn reset_peak(&mut self) {
-        self.peak = self.handed_out;
+        self.peak = self.used();
     }
 
     /// Live segments as `(address, bytes)`, in address order.
@@ -352,30 +535,21 @@ impl Device for SimDevice {
     type Stream = SimStream;
     type Event = SimEvent;
     type Error = SimError;
+    type Page = SimPage;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<SimError>> {
         self.count(DeviceCall::Malloc);
         if bytes == 0 {
             return Err(DeviceError::Other(SimError::ZeroSize));
         }
-        let fits = self
-            .handed_out
-            .checked_add(self.overhead)
-            .and_then(|used| used.checked_add(bytes))
-            .is_some_and(|needed| needed <= self.capacity);
-        if !fits {
+        if !self.fits(bytes) {
             return Err(DeviceError::OutOfMemory);
         }
         // Out of address space counts as out of memory too (only reachable with huge capacities).
-        let addr = self
-            .next_addr
-            .checked_next_multiple_of(SEGMENT_ALIGNMENT)
-            .filter(|a| a.checked_add(bytes).is_some())
-            .ok_or(DeviceError::OutOfMemory)?;
-        self.next_addr = addr + bytes;
+        let addr = self.take_addresses(bytes).ok_or(DeviceError::OutOfMemory)?;
         self.segments.insert(addr, bytes);
         self.handed_out += bytes;
-        self.peak = self.peak.max(self.handed_out);
+        self.peak = self.peak.max(self.used());
         self.successful_mallocs += 1;
         Ok(addr)
     }
@@ -407,7 +581,7 @@ impl Device for SimDevice {
             free: self
                 .capacity
                 .saturating_sub(self.overhead)
-                .saturating_sub(self.handed_out),
+                .saturating_sub(self.used()),
             total: self.capacity,
         })
     }
@@ -440,6 +614,105 @@ impl Device for SimDevice {
     fn synchronize(&mut self) -> Result<(), SimError> {
         self.count(DeviceCall::Synchronize);
         self.complete_all();
+        Ok(())
+    }
+
+    fn reserve_address(&mut self, bytes: u64) -> Result<u64, VmmError<SimError>> {
+        self.count(DeviceCall::ReserveAddress);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        if bytes == 0 {
+            return Err(VmmError::Other(SimError::ZeroSizeVirtual));
+        }
+        let addr = self.take_addresses(bytes).ok_or(VmmError::OutOfMemory)?;
+        self.ranges.insert(addr, bytes);
+        Ok(addr)
+    }
+
+    fn release_address(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<SimError>> {
+        self.count(DeviceCall::ReleaseAddress);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        if self.ranges.get(&addr) != Some(&bytes) {
+            return Err(VmmError::Other(SimError::UnknownRange { addr }));
+        }
+        if self.mappings.range(addr..addr + bytes).next().is_some() {
+            return Err(VmmError::Other(SimError::RangeInUse { addr }));
+        }
+        self.ranges.remove(&addr);
+        Ok(())
+    }
+
+    fn create_page(&mut self, bytes: u64) -> Result<SimPage, VmmError<SimError>> {
+        self.count(DeviceCall::CreatePage);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        if bytes == 0 {
+            return Err(VmmError::Other(SimError::ZeroSizeVirtual));
+        }
+        if !self.fits(bytes) {
+            return Err(VmmError::OutOfMemory);
+        }
+        let id = self.next_page_id;
+        self.next_page_id += 1;
+        self.pages.insert(id, (bytes, None));
+        self.page_bytes += bytes;
+        self.peak = self.peak.max(self.used());
+        Ok(SimPage { id, bytes })
+    }
+
+    fn release_page(&mut self, page: SimPage) -> Result<(), (SimPage, VmmError<SimError>)> {
+        self.count(DeviceCall::ReleasePage);
+        if !self.vmm_supported {
+            return Err((page, VmmError::Unsupported));
+        }
+        match self.pages.get(&page.id) {
+            Some(&(_, Some(_))) => {
+                let id = page.id;
+                Err((page, VmmError::Other(SimError::PageMapped { page: id })))
+            }
+            // A `SimPage` is only made by `create_page` and given back once, so it is live.
+            _ => {
+                self.pages.remove(&page.id);
+                self.page_bytes -= page.bytes;
+                Ok(())
+            }
+        }
+    }
+
+    fn map(&mut self, addr: u64, bytes: u64, page: &SimPage) -> Result<(), VmmError<SimError>> {
+        self.count(DeviceCall::Map);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        if !self.reserved(addr, bytes) || self.overlaps_mapping(addr, bytes) {
+            return Err(VmmError::Other(SimError::BadMapping { addr }));
+        }
+        match self.pages.get_mut(&page.id) {
+            Some((size, at @ None)) if *size == bytes => *at = Some(addr),
+            _ => return Err(VmmError::Other(SimError::PageMismatch { page: page.id })),
+        }
+        self.mappings.insert(addr, (page.id, bytes));
+        self.mapped_bytes += bytes;
+        Ok(())
+    }
+
+    fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<SimError>> {
+        self.count(DeviceCall::Unmap);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        let Some(&(id, size)) = self.mappings.get(&addr).filter(|m| m.1 == bytes) else {
+            return Err(VmmError::Other(SimError::NotMapped { addr }));
+        };
+        self.mappings.remove(&addr);
+        self.mapped_bytes -= size;
+        if let Some((_, at)) = self.pages.get_mut(&id) {
+            *at = None;
+        }
         Ok(())
     }
 }
@@ -719,5 +992,66 @@ mod tests {
         let d = SimDevice::default();
         assert_eq!(d.capacity(), 64 << 30);
         assert_eq!(d.device_overhead(), 0);
+    }
+
+    #[test]
+    fn virtual_memory_accounting() {
+        let mut d = SimDevice::new(10 * MIB);
+        let seg = d.malloc(2 * MIB).unwrap();
+        let va = d.reserve_address(40 * MIB).unwrap();
+        // Reservations share the bump pointer with segments and take no capacity.
+        assert_eq!(va, seg + 2 * MIB);
+        assert_eq!(d.mem_info().unwrap().free, 8 * MIB);
+        let p0 = d.create_page(4 * MIB).unwrap();
+        let p1 = d.create_page(4 * MIB).unwrap();
+        assert_eq!(d.create_page(4 * MIB), Err(VmmError::OutOfMemory));
+        assert_eq!((d.live_pages(), d.page_bytes()), (2, 8 * MIB));
+        assert_eq!(d.mem_info().unwrap().free, 0);
+        assert_eq!(d.map(va, 4 * MIB, &p0), Ok(()));
+        assert_eq!(
+            d.map(va + 2 * MIB, 4 * MIB, &p1),
+            Err(VmmError::Other(SimError::BadMapping { addr: va + 2 * MIB }))
+        );
+        assert_eq!(
+            d.map(va + 38 * MIB, 4 * MIB, &p1),
+            Err(VmmError::Other(SimError::BadMapping { addr: va + 38 * MIB }))
+        );
+        assert_eq!(
+            d.map(va + 4 * MIB, 4 * MIB, &p0),
+            Err(VmmError::Other(SimError::PageMismatch { page: 0 }))
+        );
+        assert_eq!(d.map(va + 4 * MIB, 4 * MIB, &p1), Ok(()));
+        assert_eq!(d.mapped_bytes(), 8 * MIB);
+        assert_eq!(
+            d.release_address(va, 40 * MIB),
+            Err(VmmError::Other(SimError::RangeInUse { addr: va }))
+        );
+        let (p0, e) = d.release_page(p0).unwrap_err();
+        assert_eq!(e, VmmError::Other(SimError::PageMapped { page: 0 }));
+        assert_eq!(
+            d.unmap(va, 2 * MIB),
+            Err(VmmError::Other(SimError::NotMapped { addr: va }))
+        );
+        assert_eq!(d.unmap(va, 4 * MIB), Ok(()));
+        assert_eq!(d.unmap(va + 4 * MIB, 4 * MIB), Ok(()));
+        assert_eq!(d.release_page(p0), Ok(()));
+        assert_eq!(d.release_page(p1), Ok(()));
+        assert_eq!(
+            d.release_address(va, 20 * MIB),
+            Err(VmmError::Other(SimError::UnknownRange { addr: va }))
+        );
+        assert_eq!(d.release_address(va, 40 * MIB), Ok(()));
+        assert_eq!((d.live_pages(), d.mapped_bytes()), (0, 0));
+        assert_eq!(d.reserved_ranges().count(), 0);
+        assert_eq!(d.peak_outstanding_bytes(), 10 * MIB);
+    }
+
+    #[test]
+    fn without_vmm_every_virtual_call_is_unsupported() {
+        let mut d = SimDevice::new(10 * MIB).without_vmm();
+        assert_eq!(d.reserve_address(512), Err(VmmError::Unsupported));
+        assert_eq!(d.create_page(2 * MIB), Err(VmmError::Unsupported));
+        assert_eq!(d.unmap(0, 2 * MIB), Err(VmmError::Unsupported));
+        assert_eq!(d.calls(DeviceCall::ReserveAddress), 1);
     }
 }

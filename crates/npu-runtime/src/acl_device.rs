@@ -247,6 +247,7 @@ impl Device for AclDevice {
     type Stream = Stream;
     type Event = Event;
     type Error = AclError;
+    type Page = core::convert::Infallible;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<AclError>> {
         let p = &self.platform;

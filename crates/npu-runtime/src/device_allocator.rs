@@ -11,7 +11,7 @@
 
 use alloc_core::{
     AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, MallocStep,
-    MemInfo, SegmentInfo,
+    MemInfo, SegmentInfo, VmmError,
 };
 
 use crate::error::RuntimeError;
@@ -43,6 +43,7 @@ impl<D: Device> Device for Shared<D> {
     type Stream = D::Stream;
     type Event = D::Event;
     type Error = D::Error;
+    type Page = D::Page;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<D::Error>> {
         self.lock().malloc(bytes)
@@ -64,6 +65,24 @@ impl<D: Device> Device for Shared<D> {
     }
     fn synchronize(&mut self) -> Result<(), D::Error> {
         self.lock().synchronize()
+    }
+    fn reserve_address(&mut self, bytes: u64) -> Result<u64, VmmError<D::Error>> {
+        self.lock().reserve_address(bytes)
+    }
+    fn release_address(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<D::Error>> {
+        self.lock().release_address(addr, bytes)
+    }
+    fn create_page(&mut self, bytes: u64) -> Result<D::Page, VmmError<D::Error>> {
+        self.lock().create_page(bytes)
+    }
+    fn release_page(&mut self, page: D::Page) -> Result<(), (D::Page, VmmError<D::Error>)> {
+        self.lock().release_page(page)
+    }
+    fn map(&mut self, addr: u64, bytes: u64, page: &D::Page) -> Result<(), VmmError<D::Error>> {
+        self.lock().map(addr, bytes, page)
+    }
+    fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<D::Error>> {
+        self.lock().unmap(addr, bytes)
     }
 }
 
