@@ -8,6 +8,9 @@ use crate::keys::{KEY_COUNT, Key};
 use crate::state::State;
 use crate::warning::WarningKind;
 
+/// torch's `kLargeBuffer`, the default `large_segment_size_mb`.
+const DEFAULT_LARGE_SEGMENT: u64 = 20 * crate::MIB;
+
 /// Applies the checks between keys to a fully read configuration.
 pub(crate) fn check(st: &mut State) {
     let mut warned = [false; KEY_COUNT];
@@ -104,8 +107,10 @@ pub(crate) fn check(st: &mut State) {
         }
     }
 
-    // 5. Two names for the large-pool page: the newer one wins.
-    if given(st, Key::LargeSegmentSizeMb) {
+    // 5. Two names for the large-pool page: the newer one wins, unless it is 20, which
+    //    torch_npu cannot tell from its default (it tests `large_segment_size != 20 MiB`), so
+    //    `segment_size_mb` then decides.
+    if given(st, Key::LargeSegmentSizeMb) && large != DEFAULT_LARGE_SEGMENT {
         if given(st, Key::SegmentSizeMb) {
             warn(
                 st,

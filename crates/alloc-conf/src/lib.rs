@@ -52,5 +52,5 @@ mod warning;
 pub use conf::{AllocConf, Backend, MIB, ROUNDUP_BUCKETS};
 pub use env::{ENV_VARS, Loaded, Source, env_text, from_env, select};
 pub use keys::{Key, UNSUPPORTED_KEYS};
-pub use parse::{Parsed, parse, parse_strict};
+pub use parse::{Parsed, RUN_TIME_KEYS, parse, parse_settings, parse_strict};
 pub use warning::{StrictError, Warning, WarningKind};

@@ -61,6 +61,75 @@ pub fn parse(s: &str) -> Parsed {
     }
 }
 
+/// The keys torch_npu's `_set_allocator_settings` accepts once the allocator runs (the others
+/// it refuses: pool geometry and host-allocator settings are fixed at start).
+pub const RUN_TIME_KEYS: [Key; 5] = [
+    Key::ExpandableSegments,
+    Key::MaxSplitSizeMb,
+    Key::MaxNonSplitRoundingMb,
+    Key::ReleaseLockOnNpumalloc,
+    Key::PerProcessMemoryFraction,
+];
+
+/// Parses a string given at run time (torch's `torch.npu.memory._set_allocator_settings`) on top
+/// of the configuration in force, `current`. As in torch_npu, which runs the same c10 parser
+/// again, `max_split_size_mb`, `roundup_power2_divisions` and `garbage_collection_threshold`
+/// first go back to their defaults whether or not the string names them; keys other than
+/// [`RUN_TIME_KEYS`] get a [`WarningKind::NotAtRunTime`] warning and keep their value; the
+/// checks between keys run as in [`parse`] (so `max_split_size_mb` here turns expandable
+/// segments off, with a warning).
+///
+/// ```
+/// use alloc_conf::{parse, parse_settings};
+///
+/// let start = parse("expandable_segments:True,roundup_power2_divisions:4").conf;
+/// let p = parse_settings(&start, "expandable_segments:False");
+/// assert!(!p.conf.expandable_segments);
+/// assert_eq!(p.conf.roundup_power2_divisions, [0; 16]); // reset, as in torch_npu
+/// ```
+pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
+    let defaults = AllocConf::default();
+    let mut st = State {
+        conf: AllocConf {
+            max_split_size: defaults.max_split_size,
+            roundup_power2_divisions: defaults.roundup_power2_divisions,
+            garbage_collection_threshold: defaults.garbage_collection_threshold,
+            ..current.clone()
+        },
+        ..State::default()
+    };
+    // Kept values count as given, so the checks between keys keep them rather than apply the
+    // defaults that depend on other keys.
+    st.given[Key::MaxNonSplitRoundingMb.index()] =
+        current.max_non_split_rounding != current.large_segment_size;
+    for item in lex::items(s) {
+        let key = match item {
+            Item::Pair { key, .. } => Key::from_name(key),
+            Item::Bare(_) => None,
+        };
+        match key {
+            Some(k) if !RUN_TIME_KEYS.contains(&k) => {
+                st.note_seen(k.name());
+                st.warn(
+                    WarningKind::NotAtRunTime,
+                    k.name(),
+                    format!(
+                        "{} cannot be changed once the allocator runs; the value in force is kept",
+                        k.name()
+                    ),
+                );
+            }
+            _ => st.item(item),
+        }
+    }
+    constraints::check(&mut st);
+    Parsed {
+        conf: st.conf,
+        warnings: st.warnings,
+        given: st.given,
+    }
+}
+
 /// Parses in strict mode: [`parse`] followed by [`Parsed::strict`].
 pub fn parse_strict(s: &str) -> Result<AllocConf, StrictError> {
     parse(s).strict()

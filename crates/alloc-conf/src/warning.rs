@@ -29,11 +29,13 @@ pub enum WarningKind {
     Ineffective,
     /// An environment variable whose value is not UTF-8; its lossy text is parsed.
     NotUtf8,
+    /// A key that cannot change once the allocator runs (in [`crate::parse_settings`]); ignored.
+    NotAtRunTime,
 }
 
 impl WarningKind {
     /// Every kind, in the order docs/alloc-conf.md lists them.
-    pub const ALL: [WarningKind; 9] = [
+    pub const ALL: [WarningKind; 10] = [
         WarningKind::UnknownKey,
         WarningKind::UnsupportedKey,
         WarningKind::UnsupportedValue,
@@ -43,6 +45,7 @@ impl WarningKind {
         WarningKind::Conflict,
         WarningKind::Ineffective,
         WarningKind::NotUtf8,
+        WarningKind::NotAtRunTime,
     ];
 
     /// The snake_case name used in JSON output (`unknown_key`, `invalid_value`, ...).
@@ -57,6 +60,7 @@ impl WarningKind {
             WarningKind::Conflict => "conflict",
             WarningKind::Ineffective => "ineffective",
             WarningKind::NotUtf8 => "not_utf8",
+            WarningKind::NotAtRunTime => "not_at_run_time",
         }
     }
 }
@@ -129,7 +133,8 @@ mod tests {
                 "duplicate_key",
                 "conflict",
                 "ineffective",
-                "not_utf8"
+                "not_utf8",
+                "not_at_run_time"
             ]
         );
         assert_eq!(WarningKind::Conflict.to_string(), "conflict");

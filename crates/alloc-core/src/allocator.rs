@@ -5,6 +5,7 @@
 //! free every cached segment and retry, and finally out-of-memory.
 
 use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
 
 use alloc_conf::AllocConf;
 use hashbrown::HashMap;
@@ -12,6 +13,7 @@ use hashbrown::HashMap;
 use crate::block::{BlockId, Blocks};
 use crate::device::Device;
 use crate::error::FractionError;
+use crate::expandable::{ExpandableSegment, Parked};
 use crate::pool::BlockPool;
 use crate::size::PoolKind;
 use crate::stats::DeviceStats;
@@ -75,14 +77,17 @@ pub enum Notice {
     /// `per_process_memory_fraction` is set but the device did not report its total memory: no
     /// limit until it does (asked again at each cache miss).
     FractionWithoutMemInfo,
-    /// `expandable_segments:True` is not implemented by this allocator yet; it behaves as
-    /// `False`, as torch does on platforms without virtual-memory support.
+    /// `expandable_segments:True` was asked for but the device has no virtual-memory calls
+    /// (ACL 207000, or a `libascendcl` without them): it runs as `False`, as torch_npu does.
     ExpandableSegmentsUnsupported,
+    /// `expandable_segments:True` was asked for but the probe reservation failed with an error:
+    /// it runs as `False` (torch_npu raises the error instead).
+    ExpandableSegmentsProbeFailed,
 }
 
 impl Notice {
     /// How many kinds of notice there are.
-    pub const KINDS: usize = 3;
+    pub const KINDS: usize = 4;
 }
 
 impl core::fmt::Display for Notice {
@@ -95,7 +100,10 @@ impl core::fmt::Display for Notice {
                 "per_process_memory_fraction is ignored until the device reports its total memory (mem_get_info failed); it is asked again at the next cache miss"
             }
             Notice::ExpandableSegmentsUnsupported => {
-                "expandable_segments is not supported by this allocator yet; using expandable_segments:False"
+                "expandable_segments setting failure, now change to `False`: the device has no virtual-memory support (feature not supported; driver and firmware packages may not match)"
+            }
+            Notice::ExpandableSegmentsProbeFailed => {
+                "expandable_segments setting failure, now change to `False`: reserving 512 bytes of virtual address space failed"
             }
         })
     }
@@ -103,14 +111,6 @@ impl core::fmt::Display for Notice {
 
 /// The notices of one allocator: each kind at most once, so a fixed capacity of one slot per kind.
 type Notices = heapless::Vec<Notice, { Notice::KINDS }>;
-
-/// Records `n` once.
-fn notice(notices: &mut Notices, n: Notice) {
-    if !notices.contains(&n) {
-        // Cannot fail: there are `Notice::KINDS` kinds and each is stored at most once.
-        let _ = notices.push(n);
-    }
-}
 
 /// The most bytes all segments together may hold: the largest value of an i64 statistic.
 pub(crate) const MAX_RESERVE: u64 = i64::MAX as u64;
@@ -159,6 +159,12 @@ pub struct Allocator<D: Device> {
     /// The GC limit in bytes while GC is on; recomputed whenever the fraction changes, because
     /// every pool lookup asks whether GC is on.
     pub(crate) gc_limit: Option<u64>,
+    /// Expandable segments by `VmId`; `None` marks a free slot.
+    pub(crate) expandable: Vec<Option<ExpandableSegment<D::Page>>>,
+    /// Live expandable segments: while there are none, best fit takes the fast path.
+    pub(crate) live_expandable: usize,
+    /// Pages and ranges the device refused to take back.
+    pub(crate) parked: Parked<D::Page>,
     notices: Notices,
 }
 
@@ -175,19 +181,8 @@ impl<D: Device> Allocator<D> {
         let total_memory = facts
             .total_memory
             .or_else(|| device.mem_info().ok().map(|m| m.total));
-        let mut conf = conf.clone();
-        let mut notices = Notices::new();
-        if conf.expandable_segments {
-            conf.expandable_segments = false;
-            notice(&mut notices, Notice::ExpandableSegmentsUnsupported);
-        }
-        if conf.garbage_collection_threshold.is_some() && total_memory.is_none() {
-            notice(&mut notices, Notice::GcWithoutMemInfo);
-        }
+        let conf = conf.clone();
         let fraction = conf.per_process_memory_fraction;
-        if fraction < 1.0 && total_memory.is_none() {
-            notice(&mut notices, Notice::FractionWithoutMemInfo);
-        }
         let stats = DeviceStats {
             max_split_size: conf.max_split_size,
             ..DeviceStats::default()
@@ -207,10 +202,50 @@ impl<D: Device> Allocator<D> {
             fraction,
             total_memory,
             gc_limit: None,
-            notices,
+            expandable: Vec::new(),
+            live_expandable: 0,
+            parked: Parked::default(),
+            notices: Notices::new(),
         };
+        if allocator.conf.garbage_collection_threshold.is_some() && total_memory.is_none() {
+            allocator.notice(Notice::GcWithoutMemInfo);
+        }
+        if fraction < 1.0 && total_memory.is_none() {
+            allocator.notice(Notice::FractionWithoutMemInfo);
+        }
+        if allocator.conf.expandable_segments && !allocator.probe_virtual_memory() {
+            allocator.conf.expandable_segments = false;
+        }
         allocator.apply_limits();
         allocator
+    }
+
+    /// Records `n` once.
+    pub(crate) fn notice(&mut self, n: Notice) {
+        if !self.notices.contains(&n) {
+            // Cannot fail: there are `Notice::KINDS` kinds and each is stored at most once.
+            let _ = self.notices.push(n);
+        }
+    }
+
+    /// Applies a new configuration at run time, as torch's `_set_allocator_settings` does once
+    /// it has parsed its string (see `alloc_conf::parse_settings`): later requests follow it.
+    /// Blocks of expandable segments stay where they are; while `expandable_segments` is off,
+    /// best fit passes over them. Turning expandable segments on probes the device again; without
+    /// support they stay off and a notice is recorded. Returns whether expandable segments are on.
+    pub fn set_conf(&mut self, conf: &AllocConf) -> bool {
+        let was = self.conf.expandable_segments;
+        self.conf = conf.clone();
+        self.stats.max_split_size = conf.max_split_size;
+        if conf.expandable_segments && !was && !self.probe_virtual_memory() {
+            self.conf.expandable_segments = false;
+        }
+        self.fraction = conf.per_process_memory_fraction;
+        if self.fraction < 1.0 {
+            self.refresh_total_memory();
+        }
+        self.apply_limits();
+        self.conf.expandable_segments
     }
 
     /// The device's total memory, asked of the device again if it could not tell before.
@@ -280,6 +315,7 @@ impl<D: Device> Allocator<D> {
             return Err(FractionError::TotalUnknown);
         }
         self.fraction = fraction;
+        self.conf.per_process_memory_fraction = fraction;
         self.apply_limits();
         Ok(())
     }

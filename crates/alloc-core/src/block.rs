@@ -8,6 +8,10 @@ use alloc::vec::Vec;
 
 use crate::size::PoolKind;
 
+/// Index of an expandable segment in the allocator's table (`expandable`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VmId(pub(crate) u32);
+
 /// Index of a block record in the slab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct BlockId(u32);
@@ -39,6 +43,12 @@ pub(crate) struct Block<S> {
     pub(crate) stream_uses: Vec<S>,
     /// The pool's lookup counter when the block last entered the pool (GC age base).
     pub(crate) gc_base: u64,
+    /// The expandable segment the block lies in (torch's `expandable_segment_`), or `None` for a
+    /// block of a device segment.
+    pub(crate) vm: Option<VmId>,
+    /// Backed by memory: always for device segments; for expandable ones, whether its pages are
+    /// mapped (an unmapped block is reserved address space, kept in the pool's `unmapped` set).
+    pub(crate) mapped: bool,
 }
 
 impl<S> Block<S> {
@@ -57,6 +67,24 @@ impl<S> Block<S> {
             event_count: 0,
             stream_uses: Vec::new(),
             gc_base: 0,
+            vm: None,
+            mapped: true,
+        }
+    }
+
+    /// A block of expandable segment `vm`, mapped or not.
+    pub(crate) fn expandable(
+        addr: u64,
+        size: u64,
+        stream: S,
+        pool: PoolKind,
+        vm: VmId,
+        mapped: bool,
+    ) -> Self {
+        Block {
+            vm: Some(vm),
+            mapped,
+            ..Block::segment(addr, size, stream, pool)
         }
     }
 
@@ -66,10 +94,17 @@ impl<S> Block<S> {
         self.prev.is_some() || self.next.is_some()
     }
 
-    /// Whether the block is free and waits on nothing, so it may merge or be reused.
+    /// Whether the block is free and waits on nothing, so it may merge or be reused (torch's
+    /// test in `try_merge_blocks` and `find_expandable_block`; an unmapped block is idle too).
     #[inline]
     pub(crate) fn is_idle(&self) -> bool {
         !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+    }
+
+    /// Whether the block lies in an expandable segment.
+    #[inline]
+    pub(crate) fn is_expandable(&self) -> bool {
+        self.vm.is_some()
     }
 }
 

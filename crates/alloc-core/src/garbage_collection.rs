@@ -71,8 +71,9 @@ impl<D: Device> Allocator<D> {
         let pool = &self.pools[pool_index(PoolKind::Large)];
         let mut total_age = 0.0f64;
         let mut candidates = 0u64;
+        // Blocks of expandable segments are never released here (as in CUDA; docs/deviations.md).
         for id in pool.iter() {
-            if !self.blocks[id].is_split() {
+            if self.is_whole_segment(id) {
                 total_age += pool.age(&self.blocks, id) as f64;
                 candidates += 1;
             }
@@ -90,7 +91,7 @@ impl<D: Device> Allocator<D> {
             let pool = &self.pools[pool_index(PoolKind::Large)];
             let old: Vec<_> = pool
                 .iter()
-                .filter(|&id| !self.blocks[id].is_split())
+                .filter(|&id| self.is_whole_segment(id))
                 .map(|id| (id, pool.age(&self.blocks, id)))
                 .filter(|&(_, age)| age as f64 >= threshold)
                 .collect();

@@ -2,6 +2,8 @@
 //! `alloc_size`), then take the best-fitting cached block under the oversize rules (torch's
 //! `get_free_block`). A miss continues in `oom_retry`.
 
+use alloc_conf::AllocConf;
+
 use crate::allocator::{Allocator, Request, pool_index};
 use crate::block::BlockId;
 use crate::device::Device;
@@ -104,26 +106,76 @@ impl<D: Device> Allocator<D> {
     /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
     pub(crate) fn get_free_block(&mut self, req: &Request<D::Stream>) -> Option<BlockId> {
         let gc = self.gc_enabled();
+        if self.live_expandable > 0 {
+            return self.get_free_block_expandable(req, gc);
+        }
         let pool = &mut self.pools[pool_index(req.pool)];
         if gc {
             pool.lookups += 1;
         }
-        let max_split = self.conf.max_split_size;
-        let max_non_split_rounding = self.conf.max_non_split_rounding;
-        pool.take_best_fit(req.stream, req.size, |candidate| {
-            let Some(max_split) = max_split else {
-                return true;
-            };
-            // Rule A: a request below max_split never takes an oversize block.
-            if req.size < max_split && candidate >= max_split {
-                return false;
-            }
-            // Rule B: an oversize request takes a block only if it is less than
-            // max_non_split_rounding larger. An allowance reaching past 2^64 bytes (a
-            // `max_non_split_rounding_mb` near 2^44) allows any block; torch's size_t sum would
-            // wrap around and refuse every block instead.
-            let limit = req.size.saturating_add(max_non_split_rounding);
-            !(req.size >= max_split && candidate >= limit)
+        let (conf, size) = (&self.conf, req.size);
+        pool.take_best_fit(req.stream, size, |candidate| {
+            oversize_rules_allow(conf, size, candidate)
         })
     }
+
+    /// `get_free_block` while blocks of expandable segments exist (torch's step 3). With
+    /// expandable segments on, a block that can grow into the unmapped space after it counts as
+    /// that much larger, so best fit walks on while the next block is smaller by that measure;
+    /// with them off, blocks of expandable segments are passed over.
+    fn get_free_block_expandable(&mut self, req: &Request<D::Stream>, gc: bool) -> Option<BlockId> {
+        let pool = &mut self.pools[pool_index(req.pool)];
+        if gc {
+            pool.lookups += 1;
+        }
+        let blocks = &self.blocks;
+        let mut fits = pool
+            .at_least(req.stream, req.size)
+            .map(|(_, id)| id)
+            .peekable();
+        let mut found = fits.next()?;
+        if blocks[found].is_expandable() {
+            if self.conf.expandable_segments {
+                let growable = |id: BlockId| {
+                    let b = &blocks[id];
+                    let after = b.next.filter(|&n| !blocks[n].mapped);
+                    b.size + after.map_or(0, |n| blocks[n].size)
+                };
+                while blocks[found].is_expandable() {
+                    match fits.peek() {
+                        Some(&next) if growable(next) < growable(found) => {
+                            found = next;
+                            fits.next();
+                        }
+                        _ => break,
+                    }
+                }
+            } else {
+                found = fits.find(|&id| !blocks[id].is_expandable())?;
+            }
+        }
+        drop(fits);
+        if !oversize_rules_allow(&self.conf, req.size, blocks[found].size) {
+            return None;
+        }
+        pool.remove(&self.blocks, found);
+        Some(found)
+    }
+}
+
+/// torch's oversize rules for a best-fit candidate of `candidate` bytes.
+#[inline]
+fn oversize_rules_allow(conf: &AllocConf, size: u64, candidate: u64) -> bool {
+    let Some(max_split) = conf.max_split_size else {
+        return true;
+    };
+    // Rule A: a request below max_split never takes an oversize block.
+    if size < max_split && candidate >= max_split {
+        return false;
+    }
+    // Rule B: an oversize request takes a block only if it is less than max_non_split_rounding
+    // larger. An allowance reaching past 2^64 bytes (a `max_non_split_rounding_mb` near 2^44)
+    // allows any block; torch's size_t sum would wrap around and refuse every block instead.
+    let limit = size.saturating_add(conf.max_non_split_rounding);
+    !(size >= max_split && candidate >= limit)
 }

@@ -11,7 +11,7 @@
 
 use crate::allocator::{Allocator, Flavour, MAX_RESERVE, Request};
 use crate::block::{Block, BlockId};
-use crate::device::{Device, DeviceError};
+use crate::device::{Device, DeviceError, VmmError};
 use crate::error::{AllocError, OutOfMemory};
 
 /// Which `alloc_block` of the retry chain a segment request is.
@@ -111,6 +111,20 @@ impl<D: Device> Allocator<D> {
         let refused = total > MAX_RESERVE || self.allowed.is_some_and(|allowed| total > allowed);
         if refused {
             return self.after_failed_segment(req, stage, None);
+        }
+        if self.conf.expandable_segments {
+            // Pages are mapped in place, under the caller's lock, as in torch_npu.
+            match self.try_allocate_expandable_block(&req) {
+                Ok(Some(id)) => return MallocStep::Done(Ok(self.alloc_found_block(id, &req))),
+                Ok(None) => return self.after_failed_segment(req, stage, None),
+                Err(VmmError::Other(e)) => return MallocStep::Done(Err(AllocError::Device(e))),
+                Err(VmmError::OutOfMemory) => return self.after_failed_segment(req, stage, None),
+                // The device lost its virtual memory after the probe: go on without it.
+                Err(VmmError::Unsupported) => {
+                    self.conf.expandable_segments = false;
+                    self.notice(crate::allocator::Notice::ExpandableSegmentsUnsupported);
+                }
+            }
         }
         MallocStep::NeedSegment {
             bytes: req.alloc_size,

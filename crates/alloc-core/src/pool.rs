@@ -5,6 +5,7 @@
 //! first. Blocks are never reused across streams, so here each stream has its own
 //! [`SizeClasses`], which keep the same (size, address) order.
 
+use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 use crate::block::{BlockId, Blocks};
@@ -17,6 +18,9 @@ pub(crate) struct BlockPool<S> {
     streams: Vec<(S, SizeClasses)>,
     /// Number of `get_free_block` lookups while GC is enabled: torch's `get_free_blocks_call_count`.
     pub(crate) lookups: u64,
+    /// Unmapped blocks of expandable segments by (stream, address): torch's `pool.unmapped`,
+    /// searched lowest address first.
+    pub(crate) unmapped: BTreeMap<(S, u64), BlockId>,
 }
 
 impl<S> Default for BlockPool<S> {
@@ -24,6 +28,7 @@ impl<S> Default for BlockPool<S> {
         BlockPool {
             streams: Vec::new(),
             lookups: 0,
+            unmapped: BTreeMap::new(),
         }
     }
 }

@@ -9,7 +9,7 @@ use alloc::vec::Vec;
 
 use crate::allocator::{Allocator, Request, pool_index};
 use crate::block::BlockId;
-use crate::device::Device;
+use crate::device::{Device, VmmError};
 use crate::size::PoolKind;
 
 impl<D: Device> Allocator<D> {
@@ -62,10 +62,12 @@ impl<D: Device> Allocator<D> {
         // The smallest whole segment on this stream that covers `key`. Oversize blocks are never
         // split by the default rules, but with `page_size:1g` a split remainder can be ≥
         // max_split; freeing it would free part of a segment, so such blocks are passed over.
+        // Blocks of expandable segments are passed over, as in CUDA (torch_npu would reach an
+        // internal assert; docs/deviations.md).
         let covering = pool
             .at_least(req.stream, key)
             .map(|(_, id)| id)
-            .find(|&id| !self.blocks[id].is_split());
+            .find(|&id| self.is_whole_segment(id));
         if let Some(id) = covering {
             self.release_segments(&[id])?;
             return Ok(true);
@@ -78,7 +80,7 @@ impl<D: Device> Allocator<D> {
                 break;
             }
             // Skip split blocks rather than free part of a segment (see above).
-            if !self.blocks[id].is_split() {
+            if self.is_whole_segment(id) {
                 chosen.push(id);
                 released += size;
             }
@@ -87,20 +89,46 @@ impl<D: Device> Allocator<D> {
         Ok(released >= key)
     }
 
-    /// torch's `release_cached_blocks`: synchronize and drain every event, then free every whole
-    /// free segment of the large pool and then of the small pool. Split segments stay.
+    /// Whether free block `id` is a whole device segment (never one of an expandable segment).
+    pub(crate) fn is_whole_segment(&self, id: BlockId) -> bool {
+        let b = &self.blocks[id];
+        !b.is_split() && !b.is_expandable()
+    }
+
+    /// torch's `release_cached_blocks`: synchronize and drain every event, then in the large
+    /// pool and then the small one free every whole free segment and unmap the free pages of
+    /// expandable segments. Split segments stay.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), D::Error> {
         self.synchronize_and_free_events()?;
+        if self.live_expandable > 0
+            || !self.parked.pages.is_empty()
+            || !self.parked.ranges.is_empty()
+        {
+            release_result(self.retry_parked())?;
+        }
         for pool in [PoolKind::Large, PoolKind::Small] {
             let whole: Vec<BlockId> = self.pools[pool_index(pool)]
                 .iter()
-                .filter(|&id| !self.blocks[id].is_split())
+                .filter(|&id| self.is_whole_segment(id))
                 .collect();
             // The device was just synchronized; no second synchronization is needed.
             for id in whole {
                 self.release_block(id)?;
             }
+            if self.live_expandable > 0 {
+                release_result(self.release_expandable_blocks(pool))?;
+            }
         }
         Ok(())
+    }
+}
+
+/// The outcome of giving virtual memory back, as `empty_cache` reports it: the device's error,
+/// or nothing for an answer a device cannot give there (unsupported or out of memory after it
+/// mapped the pages; the books are exact either way and the pages stay mapped).
+fn release_result<E>(result: Result<(), VmmError<E>>) -> Result<(), E> {
+    match result {
+        Err(VmmError::Other(e)) => Err(e),
+        Ok(()) | Err(VmmError::Unsupported | VmmError::OutOfMemory) => Ok(()),
     }
 }

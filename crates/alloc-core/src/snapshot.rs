@@ -1,5 +1,7 @@
 //! The allocator's state as torch's `memory_snapshot()` reports it: segments in address order,
-//! each with its blocks and their states. Tests recount every stat from it.
+//! each with its blocks and their states. Tests recount every stat from it. An expandable
+//! segment shows as one segment per contiguous mapped range, marked `is_expandable`; its unmapped
+//! address space is left out, as in torch.
 
 use alloc::vec::Vec;
 
@@ -59,6 +61,8 @@ pub struct SegmentInfo<S> {
     pub stream: S,
     /// The pool the segment belongs to.
     pub pool: PoolKind,
+    /// A mapped range of an expandable segment rather than a device segment.
+    pub is_expandable: bool,
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
 }
@@ -69,19 +73,28 @@ impl<D: Device> Allocator<D> {
         let mut out = Vec::with_capacity(self.segments.len());
         for &head in self.segments.values() {
             let first = &self.blocks[head];
-            let mut seg = SegmentInfo {
-                address: first.addr,
-                total_size: 0,
-                allocated_size: 0,
-                active_size: 0,
-                requested_size: 0,
-                stream: first.stream,
-                pool: first.pool,
-                blocks: Vec::new(),
-            };
+            let is_expandable = first.is_expandable();
+            let mut seg: Option<SegmentInfo<D::Stream>> = None;
             let mut next = Some(head);
             while let Some(id) = next {
                 let b = &self.blocks[id];
+                next = b.next;
+                if !b.mapped {
+                    // An unmapped gap ends the mapped range before it.
+                    out.extend(seg.take());
+                    continue;
+                }
+                let seg = seg.get_or_insert_with(|| SegmentInfo {
+                    address: b.addr,
+                    total_size: 0,
+                    allocated_size: 0,
+                    active_size: 0,
+                    requested_size: 0,
+                    stream: b.stream,
+                    pool: b.pool,
+                    is_expandable,
+                    blocks: Vec::new(),
+                });
                 let state = if b.allocated {
                     BlockState::ActiveAllocated
                 } else if b.event_count > 0 || !b.stream_uses.is_empty() {
@@ -103,9 +116,8 @@ impl<D: Device> Allocator<D> {
                     requested_size: b.requested,
                     state,
                 });
-                next = b.next;
             }
-            out.push(seg);
+            out.extend(seg);
         }
         out
     }

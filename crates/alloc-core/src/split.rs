@@ -1,43 +1,56 @@
 //! Splitting a found block on allocation and merging free neighbours on free: torch's
 //! `should_split`, `alloc_found_block`, `free_block` and `try_merge_blocks`, with the
-//! `inactive_split` bookkeeping that goes with them.
+//! `inactive_split` bookkeeping that goes with them, and torch_npu's base-address alignment of
+//! large blocks while expandable segments are on.
 
 use crate::allocator::{Allocator, Request, pool_index};
 use crate::block::{Block, BlockId};
 use crate::device::Device;
-use crate::size::{MIN_BLOCK_SIZE, PoolKind, SMALL_SIZE};
+use crate::size::{MIN_BLOCK_SIZE, PoolKind, ROUND_LARGE, SMALL_SIZE};
 
 /// torch's `should_split`: small-pool blocks split when at least 512 bytes remain; large-pool
 /// blocks only for requests below `max_split_size` and when more than 1 MiB remains (smaller
-/// large-pool remainders would only be usable by small requests, which never look there).
+/// large-pool remainders would only be usable by small requests, which never look there). While
+/// expandable segments are on, every block splits at 512 bytes remaining, as in the small pool
+/// (torch_npu reads the global setting, not the block's kind).
 #[inline]
 pub fn should_split(
     pool: PoolKind,
     block_size: u64,
     size: u64,
     max_split_size: Option<u64>,
+    expandable_segments: bool,
 ) -> bool {
     let remaining = block_size - size;
-    match pool {
-        PoolKind::Small => remaining >= MIN_BLOCK_SIZE,
-        PoolKind::Large => max_split_size.is_none_or(|m| size < m) && remaining > SMALL_SIZE,
+    if pool == PoolKind::Small || expandable_segments {
+        return remaining >= MIN_BLOCK_SIZE;
     }
+    max_split_size.is_none_or(|m| size < m) && remaining > SMALL_SIZE
 }
 
 impl<D: Device> Allocator<D> {
     /// Splits `id` if torch would, marks the front allocated and updates the stats.
     pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request<D::Stream>) -> u64 {
+        let id = if self.conf.expandable_segments && req.size >= ROUND_LARGE {
+            self.align_base(id, req.size)
+        } else {
+            id
+        };
         let size = req.size;
         let pool = req.pool;
         let block = &self.blocks[id];
         let already_split = block.is_split();
-        if should_split(pool, block.size, size, self.conf.max_split_size) {
+        // torch leaves blocks of expandable segments out of `inactive_split`.
+        let counted = !block.is_expandable();
+        let expandable = self.conf.expandable_segments;
+        if should_split(pool, block.size, size, self.conf.max_split_size, expandable) {
             // The front keeps the id and address; the remainder becomes a new free block.
             let remainder = Block {
                 addr: block.addr + size,
                 size: block.size - size,
                 prev: Some(id),
                 next: block.next,
+                vm: block.vm,
                 ..Block::segment(0, 0, block.stream, pool)
             };
             let remainder_size = remainder.size;
@@ -49,17 +62,17 @@ impl<D: Device> Allocator<D> {
             block.next = Some(rid);
             block.size = size;
             self.pools[pool_index(pool)].insert(&mut self.blocks, rid);
-            if already_split {
+            if counted && already_split {
                 // An already-split free block shrinks by `size` bytes.
                 self.stats.inactive_split_bytes.decrease(pool, size);
-            } else {
+            } else if counted {
                 // A previously whole segment now holds one more inactive split block.
                 self.stats
                     .inactive_split_bytes
                     .increase(pool, remainder_size);
                 self.stats.inactive_split.increase(pool, 1);
             }
-        } else if already_split {
+        } else if already_split && counted {
             // An already-split free block becomes active whole.
             self.stats
                 .inactive_split_bytes
@@ -85,6 +98,53 @@ impl<D: Device> Allocator<D> {
         addr
     }
 
+    /// torch_npu's `base_addr_aligned_kb`: a large request found at an address that is not a
+    /// multiple of the alignment starts at the next multiple instead, if it still fits; the bytes
+    /// skipped stay behind as a free block (not merged with a free block before it, its GC age
+    /// kept). Returns the block to allocate from.
+    fn align_base(&mut self, id: BlockId, size: u64) -> BlockId {
+        let align = self.conf.base_addr_aligned;
+        let block = &self.blocks[id];
+        if align == 0 || block.addr % align == 0 {
+            return id;
+        }
+        let offset = align - block.addr % align;
+        if offset.saturating_add(size) > block.size {
+            // torch_npu hands the block out unaligned.
+            return id;
+        }
+        let (pool, was_split, whole) = (block.pool, block.is_split(), block.size);
+        let aligned = Block {
+            addr: block.addr + offset,
+            size: block.size - offset,
+            prev: Some(id),
+            next: block.next,
+            vm: block.vm,
+            ..Block::segment(0, 0, block.stream, pool)
+        };
+        let aid = self.blocks.insert(aligned);
+        if let Some(next) = self.blocks[id].next {
+            self.blocks[next].prev = Some(aid);
+        }
+        let gc_base = self.blocks[id].gc_base;
+        let head = &mut self.blocks[id];
+        head.next = Some(aid);
+        head.size = offset;
+        self.pools[pool_index(pool)].insert(&mut self.blocks, id);
+        self.blocks[id].gc_base = gc_base;
+        if !self.blocks[id].is_expandable() {
+            // Both parts are now free split blocks (torch_npu leaves the head out of the count;
+            // docs/deviations.md).
+            if was_split {
+                self.stats.inactive_split.increase(pool, 1);
+            } else {
+                self.stats.inactive_split.increase(pool, 2);
+                self.stats.inactive_split_bytes.increase(pool, whole);
+            }
+        }
+        aid
+    }
+
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
     pub(crate) fn free_block(&mut self, id: BlockId) {
         let block = &self.blocks[id];
@@ -93,21 +153,11 @@ impl<D: Device> Allocator<D> {
         let mut net_bytes: i64 = 0;
         // Merge with the block below first, then the one above, as torch does.
         let mut id = id;
-        if let Some(prev) = self.blocks[id].prev {
-            if self.blocks[prev].is_idle() {
-                net_bytes -= self.blocks[prev].size as i64;
+        for next in [false, true] {
+            if let Some((merged, bytes)) = self.try_merge(id, next) {
+                id = merged;
+                net_bytes -= bytes as i64;
                 net_blocks -= 1;
-                self.pools[pool_index(pool)].remove(&self.blocks, prev);
-                self.absorb(prev, id);
-                id = prev;
-            }
-        }
-        if let Some(next) = self.blocks[id].next {
-            if self.blocks[next].is_idle() {
-                net_bytes -= self.blocks[next].size as i64;
-                net_blocks -= 1;
-                self.pools[pool_index(pool)].remove(&self.blocks, next);
-                self.absorb(id, next);
             }
         }
         let block = &mut self.blocks[id];
@@ -116,12 +166,41 @@ impl<D: Device> Allocator<D> {
             net_blocks += 1;
             net_bytes += block.size as i64;
         }
+        let counted = !block.is_expandable();
         self.pools[pool_index(pool)].insert(&mut self.blocks, id);
-        self.stats.inactive_split.apply(pool, net_blocks);
-        self.stats.inactive_split_bytes.apply(pool, net_bytes);
+        if counted {
+            self.stats.inactive_split.apply(pool, net_blocks);
+            self.stats.inactive_split_bytes.apply(pool, net_bytes);
+        }
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
+    }
+
+    /// torch's `try_merge_blocks`: folds the neighbour of `id` (the one above if `next`, else the
+    /// one below) into it if that neighbour is idle and mapped alike, taking it out of its pool
+    /// set. Returns the merged block's id (the lower one's) and the bytes taken in.
+    pub(crate) fn try_merge(&mut self, id: BlockId, next: bool) -> Option<(BlockId, u64)> {
+        let block = &self.blocks[id];
+        let other = if next { block.next } else { block.prev }?;
+        let o = &self.blocks[other];
+        if !o.is_idle() || o.mapped != block.mapped {
+            return None;
+        }
+        let (size, stream, addr) = (o.size, o.stream, o.addr);
+        let pool = &mut self.pools[pool_index(o.pool)];
+        if o.mapped {
+            pool.remove(&self.blocks, other);
+        } else {
+            pool.unmapped.remove(&(stream, addr));
+        }
+        Some(if next {
+            self.absorb(id, other);
+            (id, size)
+        } else {
+            self.absorb(other, id);
+            (other, size)
+        })
     }
 
     /// Folds block `upper` into its lower neighbour `lower` (which keeps its id, so the block at
@@ -148,34 +227,73 @@ mod tests {
 
     #[test]
     fn small_pool_splits_at_512_remaining() {
-        assert!(should_split(PoolKind::Small, 2 * MIB, 2 * MIB - 512, None));
-        assert!(!should_split(PoolKind::Small, 2 * MIB, 2 * MIB - 511, None));
-        assert!(!should_split(PoolKind::Small, 2 * MIB, 2 * MIB, None));
+        assert!(should_split(
+            PoolKind::Small,
+            2 * MIB,
+            2 * MIB - 512,
+            None,
+            false
+        ));
+        assert!(!should_split(
+            PoolKind::Small,
+            2 * MIB,
+            2 * MIB - 511,
+            None,
+            false
+        ));
+        assert!(!should_split(
+            PoolKind::Small,
+            2 * MIB,
+            2 * MIB,
+            None,
+            false
+        ));
     }
 
     #[test]
     fn large_pool_needs_more_than_one_mib_and_a_small_enough_request() {
         assert!(
-            !should_split(PoolKind::Large, 20 * MIB, 19 * MIB, None),
+            !should_split(PoolKind::Large, 20 * MIB, 19 * MIB, None, false),
             "exactly 1 MiB left"
         );
         assert!(should_split(
             PoolKind::Large,
             20 * MIB,
             19 * MIB - 512,
-            None
+            None,
+            false
         ));
         assert!(!should_split(
             PoolKind::Large,
             100 * MIB,
             40 * MIB,
-            Some(40 * MIB)
+            Some(40 * MIB),
+            false
         ));
         assert!(should_split(
             PoolKind::Large,
             100 * MIB,
             40 * MIB - 512,
-            Some(40 * MIB)
+            Some(40 * MIB),
+            false
+        ));
+    }
+
+    #[test]
+    fn expandable_segments_split_every_pool_at_512_remaining() {
+        assert!(should_split(
+            PoolKind::Large,
+            20 * MIB,
+            20 * MIB - 512,
+            None,
+            true
+        ));
+        assert!(!should_split(
+            PoolKind::Large,
+            20 * MIB,
+            20 * MIB - 511,
+            None,
+            true
         ));
     }
 }

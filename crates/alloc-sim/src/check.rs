@@ -102,6 +102,29 @@ pub enum Inconsistency {
         /// Addresses the caller holds.
         held: usize,
     },
+    /// A mapped range of an expandable segment is not exactly what the device has mapped there.
+    MappingMismatch {
+        /// Address of the range.
+        addr: u64,
+        /// Its size in the allocator's books.
+        size: u64,
+    },
+    /// The device holds a different number of physical pages than the allocator has mapped or
+    /// holds.
+    PageLedger {
+        /// Pages mapped in expandable segments plus pages held.
+        allocator: usize,
+        /// Live pages on the device.
+        device: usize,
+    },
+    /// The device's reserved ranges are not the allocator's expandable segments (plus ranges it
+    /// holds).
+    RangeLedger {
+        /// Expandable segments plus ranges held.
+        allocator: usize,
+        /// Reserved ranges on the device.
+        device: usize,
+    },
 }
 
 impl fmt::Display for Inconsistency {
@@ -167,6 +190,18 @@ impl fmt::Display for Inconsistency {
             Inconsistency::Leaked { allocated, held } => write!(
                 f,
                 "{allocated} blocks are allocated but the caller holds {held}"
+            ),
+            Inconsistency::MappingMismatch { addr, size } => write!(
+                f,
+                "expandable range {addr:#x} of {size} bytes is not exactly mapped on the device"
+            ),
+            Inconsistency::PageLedger { allocator, device } => write!(
+                f,
+                "the allocator maps or holds {allocator} pages but the device has {device}"
+            ),
+            Inconsistency::RangeLedger { allocator, device } => write!(
+                f,
+                "the allocator has {allocator} reserved ranges but the device has {device}"
             ),
         }
     }
@@ -295,6 +330,36 @@ pub fn check_allocations<D: Device + AsRef<SimDevice>>(
     Ok(())
 }
 
+/// Nothing of virtual memory leaks: the device's live pages are the pages mapped in expandable
+/// segments plus those the allocator holds, and its reserved ranges are exactly the segments'
+/// ranges plus those held.
+fn check_virtual_memory<D: Device>(
+    alloc: &Allocator<D>,
+    device: &SimDevice,
+) -> Result<(), Inconsistency> {
+    let segments = alloc.expandable_segments();
+    let held = alloc.held();
+    let pages = segments.iter().map(|e| e.mapped_pages).sum::<usize>() + held.pages;
+    if pages != device.live_pages() {
+        return Err(Inconsistency::PageLedger {
+            allocator: pages,
+            device: device.live_pages(),
+        });
+    }
+    let ranges = segments.len() + held.ranges;
+    let device_ranges: std::collections::HashMap<u64, u64> = device.reserved_ranges().collect();
+    let all_known = segments
+        .iter()
+        .all(|e| device_ranges.get(&e.address) == Some(&e.reserved_size));
+    if ranges != device_ranges.len() || !all_known {
+        return Err(Inconsistency::RangeLedger {
+            allocator: ranges,
+            device: device_ranges.len(),
+        });
+    }
+    Ok(())
+}
+
 /// The invariants of [`check_consistency`] over a snapshot of `alloc`.
 fn check_snapshot<D: Device + AsRef<SimDevice>>(
     alloc: &Allocator<D>,
@@ -306,6 +371,7 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
     let max_split = alloc.conf().max_split_size;
     let oversize = |size: u64| max_split.is_some_and(|m| size >= m);
     let (mut oversize_allocations, mut oversize_segments) = (0i64, 0i64);
+    let mut device_segments = 0usize;
     for seg in snapshot {
         let p = match seg.pool {
             PoolKind::Small => 0,
@@ -315,17 +381,41 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
             return Err(Inconsistency::SegmentOverlap { addr: seg.address });
         }
         last_end = seg.address + seg.total_size;
-        if device.segment_size(seg.address) != Some(seg.total_size) {
-            return Err(Inconsistency::SegmentNotOnDevice {
-                addr: seg.address,
-                size: seg.total_size,
-            });
+        if seg.is_expandable {
+            // Mapped pages must tile the range exactly: no gap, nothing hanging over.
+            let end = seg.address + seg.total_size;
+            let mut at = seg.address;
+            for (a, bytes) in device.mappings_in(seg.address, end) {
+                if a != at {
+                    break;
+                }
+                at += bytes;
+            }
+            if at != end
+                || device
+                    .mapping_covering(seg.address)
+                    .is_some_and(|(a, _)| a < seg.address)
+            {
+                return Err(Inconsistency::MappingMismatch {
+                    addr: seg.address,
+                    size: seg.total_size,
+                });
+            }
+        } else {
+            if device.segment_size(seg.address) != Some(seg.total_size) {
+                return Err(Inconsistency::SegmentNotOnDevice {
+                    addr: seg.address,
+                    size: seg.total_size,
+                });
+            }
+            oversize_segments += i64::from(oversize(seg.total_size));
+            r.segment[p] += 1;
+            device_segments += 1;
         }
-        oversize_segments += i64::from(oversize(seg.total_size));
-        r.segment[p] += 1;
         r.reserved_bytes[p] += seg.total_size as i64;
         let mut addr = seg.address;
-        let split = seg.blocks.len() > 1;
+        // torch leaves blocks of expandable segments out of inactive_split.
+        let split = seg.blocks.len() > 1 && !seg.is_expandable;
         let mut prev_free = false;
         for b in &seg.blocks {
             if b.address != addr {
@@ -389,18 +479,20 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
     )?;
     check_peaks(alloc)?;
     let reserved = s.reserved_bytes.all.current;
-    if reserved != device.outstanding_bytes() as i64 {
+    let on_device = device.outstanding_bytes() + device.mapped_bytes();
+    if reserved != on_device as i64 {
         return Err(Inconsistency::DeviceLedger {
             reserved,
-            device: device.outstanding_bytes(),
+            device: on_device,
         });
     }
-    if snapshot.len() != device.outstanding_segments() {
+    if device_segments != device.outstanding_segments() {
         return Err(Inconsistency::DeviceSegmentCount {
-            allocator: snapshot.len(),
+            allocator: device_segments,
             device: device.outstanding_segments(),
         });
     }
+    check_virtual_memory(alloc, device)?;
     let (allocated, active) = (s.allocated_bytes.all.current, s.active_bytes.all.current);
     if !(allocated <= active && active <= reserved) {
         return Err(Inconsistency::Ordering {

@@ -240,6 +240,10 @@ pub struct SimDevice {
     /// Mappings: address → (page id, bytes).
     mappings: BTreeMap<u64, (u64, u64)>,
     mapped_bytes: u64,
+    /// The call before the current one, to count runs of maps and unmaps.
+    last_call: Option<DeviceCall>,
+    map_runs: u64,
+    unmap_runs: u64,
 }
 
 impl Default for SimDevice {
@@ -274,6 +278,9 @@ impl SimDevice {
             page_bytes: 0,
             mappings: BTreeMap::new(),
             mapped_bytes: 0,
+            last_call: None,
+            map_runs: 0,
+            unmap_runs: 0,
         }
     }
 
@@ -359,8 +366,22 @@ impl SimDevice {
         self.calls[call as usize]
     }
 
-    fn count(&mut self, call: DeviceCall) {
+    /// Counts a call; returns the call before it.
+    fn count(&mut self, call: DeviceCall) -> Option<DeviceCall> {
         self.calls[call as usize] += 1;
+        self.last_call.replace(call)
+    }
+
+    /// Runs of successful `map` calls with no other call between them: one per map call of the
+    /// allocator (torch counts `num_device_alloc` per map call, however many pages it maps).
+    pub fn map_runs(&self) -> u64 {
+        self.map_runs
+    }
+
+    /// Runs of successful `unmap` calls with only `release_page` calls between them: one per
+    /// unmapped range of the allocator (torch's `num_device_free` per `unmap_block`).
+    pub fn unmap_runs(&self) -> u64 {
+        self.unmap_runs
     }
 
     /// `malloc` calls so far, failed ones included.
@@ -441,6 +462,51 @@ impl SimDevice {
     /// Mappings now, as `(address, bytes)` in address order.
     pub fn mappings(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.mappings.iter().map(|(&a, &(_, b))| (a, b))
+    }
+
+    /// Mappings that start in `[start, end)`, as `(address, bytes)` in address order.
+    pub fn mappings_in(&self, start: u64, end: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.mappings.range(start..end).map(|(&a, &(_, b))| (a, b))
+    }
+
+    /// The mapping that contains `addr`, as `(address, bytes)`, if any.
+    pub fn mapping_covering(&self, addr: u64) -> Option<(u64, u64)> {
+        self.mappings
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&a, &(_, b))| addr - a < b)
+            .map(|(&a, &(_, b))| (a, b))
+    }
+
+    /// The reserved range `(address, bytes)` that contains `addr`, if any.
+    pub fn range_containing(&self, addr: u64) -> Option<(u64, u64)> {
+        self.ranges
+            .range(..=addr)
+            .next_back()
+            .filter(|&(&start, &bytes)| addr - start < bytes)
+            .map(|(&start, &bytes)| (start, bytes))
+    }
+
+    /// Whether every byte of `[start, end)` is backed: inside one live segment, or covered by
+    /// contiguous mappings.
+    pub fn is_backed(&self, start: u64, end: u64) -> bool {
+        if let Some((s, bytes)) = self.segment_containing(start) {
+            return end <= s + bytes;
+        }
+        let Some((first, bytes)) = self.mapping_covering(start) else {
+            return false;
+        };
+        let mut at = first + bytes;
+        if at >= end {
+            return true;
+        }
+        for (a, bytes) in self.mappings_in(at, end) {
+            if a != at {
+                return false;
+            }
+            at += bytes;
+        }
+        at >= end
     }
 
     /// Bytes of device memory in use: segments plus physical pages.
@@ -684,7 +750,7 @@ impl Device for SimDevice {
     }
 
     fn map(&mut self, addr: u64, bytes: u64, page: &SimPage) -> Result<(), VmmError<SimError>> {
-        self.count(DeviceCall::Map);
+        let before = self.count(DeviceCall::Map);
         if !self.vmm_supported {
             return Err(VmmError::Unsupported);
         }
@@ -697,11 +763,14 @@ impl Device for SimDevice {
         }
         self.mappings.insert(addr, (page.id, bytes));
         self.mapped_bytes += bytes;
+        if before != Some(DeviceCall::Map) {
+            self.map_runs += 1;
+        }
         Ok(())
     }
 
     fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<SimError>> {
-        self.count(DeviceCall::Unmap);
+        let before = self.count(DeviceCall::Unmap);
         if !self.vmm_supported {
             return Err(VmmError::Unsupported);
         }
@@ -710,6 +779,9 @@ impl Device for SimDevice {
         };
         self.mappings.remove(&addr);
         self.mapped_bytes -= size;
+        if !matches!(before, Some(DeviceCall::Unmap | DeviceCall::ReleasePage)) {
+            self.unmap_runs += 1;
+        }
         if let Some((_, at)) = self.pages.get_mut(&id) {
             *at = None;
         }
@@ -1014,7 +1086,9 @@ mod tests {
         );
         assert_eq!(
             d.map(va + 38 * MIB, 4 * MIB, &p1),
-            Err(VmmError::Other(SimError::BadMapping { addr: va + 38 * MIB }))
+            Err(VmmError::Other(SimError::BadMapping {
+                addr: va + 38 * MIB
+            }))
         );
         assert_eq!(
             d.map(va + 4 * MIB, 4 * MIB, &p0),

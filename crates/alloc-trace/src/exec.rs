@@ -260,7 +260,7 @@ impl fmt::Display for Rule {
             Rule::UnexpectedResult => "unexpected result",
             Rule::BadAddress => "bad address",
             Rule::Overlap => "overlapping allocations",
-            Rule::OutsideSegment => "allocation outside a device segment",
+            Rule::OutsideSegment => "allocation outside device memory",
             Rule::SpuriousOutOfMemory => "spurious out-of-memory",
             Rule::StatsChanged => "stats changed",
             Rule::DeviceCalled => "device called",
@@ -910,7 +910,7 @@ impl Executor {
                 self.stats_are(&expected, "reset_accumulated")?;
                 let (mallocs, frees) = {
                     let d = self.alloc.device();
-                    (d.successful_mallocs(), d.frees())
+                    (device_allocs(d), device_frees(d))
                 };
                 let c = self.checks();
                 c.base = expected;
@@ -1087,7 +1087,8 @@ impl Executor {
                     ));
                 }
                 let capacity = self.alloc.device().capacity();
-                let reserved = self.alloc.device().outstanding_bytes();
+                let device = self.alloc.device();
+                let reserved = device.outstanding_bytes() + device.page_bytes();
                 let free = (!fired_mem_info).then_some(capacity - reserved);
                 if oom.free != free || oom.total != Some(capacity) {
                     return Err(broken(
@@ -1175,13 +1176,15 @@ impl Executor {
                 ));
             }
         }
-        match self.alloc.device().segment_containing(addr) {
-            Some((start, bytes)) if end <= start + bytes => Ok(()),
-            seg => Err(broken(
-                Rule::OutsideSegment,
-                format!("{what} returned {addr:#x}..{end:#x}; device segment {seg:x?}"),
-            )),
+        let device = self.alloc.device();
+        if device.is_backed(addr, end) {
+            return Ok(());
         }
+        let seg = device.segment_containing(addr);
+        Err(broken(
+            Rule::OutsideSegment,
+            format!("{what} returned {addr:#x}..{end:#x}; device segment {seg:x?}, not mapped"),
+        ))
     }
 
     fn verify_free(
@@ -1284,7 +1287,10 @@ impl Executor {
         result: Result<(), FreeError<DeviceErr>>,
         before: &Before,
     ) -> Result<(), CheckError> {
-        let expected = if self.alloc.device().segment_containing(addr).is_some() {
+        let device = self.alloc.device();
+        let inside =
+            device.segment_containing(addr).is_some() || device.range_containing(addr).is_some();
+        let expected = if inside {
             FreeError::NotAllocated { addr }
         } else {
             FreeError::ForeignPointer { addr }
@@ -1340,12 +1346,12 @@ impl Executor {
             (
                 "num_device_alloc",
                 s.num_device_alloc,
-                d.successful_mallocs() - c.base_mallocs,
+                device_allocs(d) - c.base_mallocs,
             ),
             (
                 "num_device_free",
                 s.num_device_free,
-                d.frees() - c.base_frees,
+                device_frees(d) - c.base_frees,
             ),
             ("num_ooms", s.num_ooms, c.ooms_since_reset),
         ] {
@@ -1389,14 +1395,24 @@ impl Executor {
             },
             records: self.records,
             counts: self.counts,
-            device_mallocs: device.successful_mallocs(),
-            device_frees: device.frees(),
+            device_mallocs: device_allocs(device),
+            device_frees: device_frees(device),
             device_peak_bytes: device.peak_outstanding_bytes(),
             peak_requested_bytes: self.peak_requested,
             notices: self.alloc.notices().to_vec(),
             setup: setup.clone(),
         }
     }
+}
+
+/// Device allocations as torch counts them: segments, plus one per map call of pages.
+fn device_allocs(d: &SimDevice) -> u64 {
+    d.successful_mallocs() + d.map_runs()
+}
+
+/// Device frees as torch counts them: segments, plus one per unmapped range.
+fn device_frees(d: &SimDevice) -> u64 {
+    d.frees() + d.unmap_runs()
 }
 
 /// The outcome of a run.
@@ -1408,9 +1424,10 @@ pub struct Report {
     pub end: StatsRecord,
     /// Operation counts.
     pub counts: OpCounts,
-    /// Device mallocs that succeeded.
+    /// Device allocations as torch counts them: segments allocated, plus one per map call of
+    /// expandable-segment pages.
     pub device_mallocs: u64,
-    /// Device frees.
+    /// Device frees as torch counts them: segments freed, plus one per unmapped range.
     pub device_frees: u64,
     /// The largest number of bytes the device had handed out at once, over the whole run
     /// (peak reserved, unaffected by `reset_peak`).

@@ -928,3 +928,46 @@ fn given_tracks_valid_items_only() {
     assert!(!p.given(Key::ExpandableSegments));
     assert!(!p.given(Key::SegmentSizeMb));
 }
+
+#[test]
+fn an_explicit_large_segment_size_of_20_leaves_segment_size_mb_in_force() {
+    // torch_npu tests `large_segment_size != 20 MiB`, so an explicit 20 is the default to it.
+    let p = parse("expandable_segments:True,large_segment_size_mb:20,segment_size_mb:128");
+    assert_eq!(p.conf.segment_size, 128 * MIB);
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    let p = parse("expandable_segments:True,large_segment_size_mb:64,segment_size_mb:128");
+    assert_eq!(p.conf.segment_size, 64 * MIB);
+    assert_eq!(p.warnings.len(), 1);
+    assert_eq!(p.warnings[0].kind, WarningKind::Conflict);
+}
+
+#[test]
+fn run_time_settings_reset_what_torch_npu_resets_and_refuse_fixed_keys() {
+    let start = parse(
+        "expandable_segments:True,roundup_power2_divisions:4,per_process_memory_fraction:0.5,\
+         max_non_split_rounding_mb:64,segment_size_mb:128",
+    )
+    .conf;
+    let p = parse_settings(&start, "expandable_segments:False,large_segment_size_mb:64");
+    assert!(!p.conf.expandable_segments);
+    assert_eq!(p.conf.roundup_power2_divisions, [0; crate::ROUNDUP_BUCKETS]);
+    assert_eq!(p.conf.per_process_memory_fraction, 0.5);
+    assert_eq!(p.conf.max_non_split_rounding, 64 * MIB);
+    assert_eq!(p.conf.segment_size, 128 * MIB);
+    assert_eq!(p.conf.large_segment_size, 20 * MIB);
+    assert_eq!(p.warnings.len(), 1);
+    assert_eq!(p.warnings[0].kind, WarningKind::NotAtRunTime);
+    assert_eq!(p.warnings[0].key, "large_segment_size_mb");
+
+    // A split cap given at run time turns expandable segments off, as at start.
+    let p = parse_settings(&start, "max_split_size_mb:64");
+    assert!(!p.conf.expandable_segments);
+    assert_eq!(p.conf.max_split_size, Some(64 * MIB));
+    assert_eq!(p.warnings[0].kind, WarningKind::Conflict);
+
+    // Back on: the split cap set before is reset, so nothing conflicts.
+    let p = parse_settings(&p.conf, "expandable_segments:True");
+    assert!(p.conf.expandable_segments);
+    assert_eq!(p.conf.max_split_size, None);
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+}
