@@ -205,14 +205,19 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Reserves a new segment for (stream, pool): ceil(9/8 × total memory / page) pages, the
-    /// total asked of the device anew, as torch_npu does. Its whole range is one unmapped block.
+    /// total asked of the device anew, as torch_npu does (if the device cannot tell, the total
+    /// it gave before serves). Its whole range is one unmapped block.
     fn new_expandable_segment(
         &mut self,
         stream: D::Stream,
         pool: PoolKind,
     ) -> Result<BlockId, VmmError<D::Error>> {
         let page = self.page_size(pool);
-        let total = self.device.mem_info().map_err(VmmError::Other)?.total;
+        let total = match (self.device.mem_info(), self.total_memory) {
+            (Ok(info), _) => info.total,
+            (Err(_), Some(total)) => total,
+            (Err(e), None) => return Err(VmmError::Other(e)),
+        };
         let pages = total.saturating_add(total / 8).div_ceil(page).max(1);
         let bytes = pages.checked_mul(page).ok_or(VmmError::OutOfMemory)?;
         let base = self.device.reserve_address(bytes)?;
@@ -500,14 +505,15 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Offers the device again what it refused to take back, and releases segments left wholly
-    /// unmapped by an earlier failure. What it refuses again stays parked.
+    /// unmapped by an earlier failure. What it refuses again stays parked; a range it refuses
+    /// ends the call with the error.
     pub(crate) fn retry_parked(&mut self) -> Result<(), VmmError<D::Error>> {
         let pages = core::mem::take(&mut self.parked.pages);
         self.release_pages(pages);
-        let ranges = core::mem::take(&mut self.parked.ranges);
-        for (addr, bytes) in ranges {
-            if self.device.release_address(addr, bytes).is_err() {
+        while let Some((addr, bytes)) = self.parked.ranges.pop() {
+            if let Err(e) = self.device.release_address(addr, bytes) {
                 self.parked.ranges.push((addr, bytes));
+                return Err(e);
             }
         }
         let idle: Vec<BlockId> = self

@@ -437,12 +437,16 @@ impl Scheduled {
     }
 
     /// Whether the fault aborts the call's operation: every fault but an out-of-memory of
-    /// `malloc`, which enters the retry chain, any failed `malloc` in torch_npu's flavour, which
-    /// does too, and a failed `mem_info`, which only loses numbers.
+    /// `malloc` or `create_page`, which enters the retry chain, any failed `malloc` in
+    /// torch_npu's flavour, which does too, a failed `mem_info`, which only loses numbers, and a
+    /// failed `release_page`, whose page the allocator keeps.
     fn aborts(&self, flavour: Flavour) -> bool {
         match (self.call, self.fault) {
-            (DeviceCall::Malloc, Fault::OutOfMemory) | (DeviceCall::MemInfo, _) => false,
+            (DeviceCall::Malloc | DeviceCall::CreatePage, Fault::OutOfMemory)
+            | (DeviceCall::MemInfo, _) => false,
             (DeviceCall::Malloc, Fault::Error(_)) => flavour == Flavour::Cuda,
+            // A page the device refuses to take back is kept for the next empty_cache.
+            (DeviceCall::ReleasePage, _) => false,
             _ => true,
         }
     }
@@ -497,6 +501,8 @@ enum Outcome {
     Fraction(f64),
     ResetPeak,
     ResetAccumulated,
+    /// The configuration `set_allocator_settings` asked for.
+    Settings(AllocConf),
     Fault {
         scheduled: Option<Scheduled>,
     },
@@ -512,6 +518,8 @@ enum Outcome {
 struct Before {
     stats: DeviceStats,
     calls: [u64; DeviceCall::ALL.len()],
+    /// Whether expandable segments were on.
+    expandable: bool,
 }
 
 /// Runs operations through the allocator on the simulated device, with or without checks.
@@ -601,6 +609,7 @@ impl Executor {
         let before = self.checks.is_some().then(|| Before {
             stats: self.alloc.stats().clone(),
             calls: self.calls(),
+            expandable: self.alloc.conf().expandable_segments,
         });
         let outcome = self.execute(op)?;
         match before {
@@ -699,6 +708,11 @@ impl Executor {
             OpKind::ResetAccumulated => {
                 self.alloc.reset_accumulated_stats();
                 Outcome::ResetAccumulated
+            }
+            OpKind::Settings(ref text) => {
+                let parsed = alloc_conf::parse_settings(self.alloc.conf(), text);
+                self.alloc.set_conf(&parsed.conf);
+                Outcome::Settings(parsed.conf)
             }
             OpKind::Stats { ref label } => {
                 self.records.push(StatsRecord {
@@ -904,6 +918,25 @@ impl Executor {
                 expected.reset_peak();
                 self.stats_are(&expected, "reset_peak")?;
             }
+            Outcome::Settings(asked) => {
+                // A failed probe leaves expandable segments off; nothing else may fail.
+                let fired = self.take_fired();
+                let conf = self.alloc.conf();
+                let probe_failed = fired.iter().any(|f| f.call == DeviceCall::ReserveAddress);
+                let on = asked.expandable_segments && !(probe_failed && !before.expandable);
+                if conf.expandable_segments != on || conf.max_split_size != asked.max_split_size {
+                    return Err(broken(
+                        Rule::UnexpectedResult,
+                        format!(
+                            "set_allocator_settings: expandable_segments {} and max_split_size                              {:?}, expected {on} and {:?}",
+                            conf.expandable_segments, conf.max_split_size, asked.max_split_size
+                        ),
+                    ));
+                }
+                let mut expected = before.stats.clone();
+                expected.max_split_size = asked.max_split_size;
+                self.stats_are(&expected, "set_allocator_settings")?;
+            }
             Outcome::ResetAccumulated => {
                 let mut expected = before.stats.clone();
                 expected.reset_accumulated();
@@ -1023,10 +1056,16 @@ impl Executor {
         let count = before.stats.allocation.all.current;
         let flavour = self.alloc.facts().flavour;
         let must_fail = surfacing(&fired, flavour, &what)?;
-        let fired_oom = fired
-            .iter()
-            .any(|f| f.call == DeviceCall::Malloc && !f.aborts(flavour));
+        let fired_oom = fired.iter().any(|f| {
+            matches!(f.call, DeviceCall::Malloc | DeviceCall::CreatePage) && !f.aborts(flavour)
+        });
         let fired_mem_info = fired.iter().any(|f| f.call == DeviceCall::MemInfo);
+        // The out-of-memory message asks mem_info last; an earlier call (a new expandable
+        // segment's) failing does not lose its numbers.
+        let mem_info_calls = self.calls()[DeviceCall::MemInfo as usize];
+        let message_lost_mem_info = fired
+            .iter()
+            .any(|f| f.call == DeviceCall::MemInfo && f.at == mem_info_calls);
         // In torch_npu's flavour a failed device malloc goes on through the chain; the error of
         // the op's last device malloc, if it was injected, is what a failed chain returns
         // (unless the fraction limit refused the last attempt before the device was asked).
@@ -1046,7 +1085,8 @@ impl Executor {
                 ));
             }
             (Err(AllocError::OutOfMemory(_)), None) => {}
-            (_, None) if fired_mem_info => {
+            // A new expandable segment asks for the device's total too.
+            (_, None) if fired_mem_info && !before.expandable => {
                 return Err(broken(
                     Rule::UnexpectedResult,
                     format!("{what} asked mem_info without running out of memory: {result:?}"),
@@ -1089,7 +1129,7 @@ impl Executor {
                 let capacity = self.alloc.device().capacity();
                 let device = self.alloc.device();
                 let reserved = device.outstanding_bytes() + device.page_bytes();
-                let free = (!fired_mem_info).then_some(capacity - reserved);
+                let free = (!message_lost_mem_info).then_some(capacity - reserved);
                 if oom.free != free || oom.total != Some(capacity) {
                     return Err(broken(
                         Rule::UnexpectedResult,
@@ -1104,7 +1144,20 @@ impl Executor {
                 // limit refused it; an injected out-of-memory explains it too, an injected error
                 // in the last device malloc only if the fraction then refused the last attempt.
                 let need = reserved.saturating_add(oom.alloc_size);
-                let full = need > capacity;
+                let full = if self.alloc.conf().expandable_segments {
+                    // Pages are mapped on demand: memory ran out if the device lacks the pages
+                    // the request could need (its pages, plus one for a sliver it may not use).
+                    let conf = self.alloc.conf();
+                    let page = if oom.alloc_size <= alloc_core::size::SMALL_BUFFER {
+                        alloc_core::size::SMALL_BUFFER
+                    } else {
+                        conf.page_size.unwrap_or(conf.segment_size)
+                    };
+                    let pages = oom.alloc_size.div_ceil(page).saturating_add(1);
+                    reserved.saturating_add(pages.saturating_mul(page)) > capacity
+                } else {
+                    need > capacity
+                };
                 let limited = self.alloc.allowed_memory().is_some_and(|a| need > a);
                 if last_error.is_some() && !limited {
                     return Err(broken(

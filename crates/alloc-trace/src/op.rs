@@ -131,6 +131,10 @@ pub enum OpKind {
     /// `drain`: clear pending faults, free every live allocation, `empty_cache`; with checks,
     /// nothing may be left on the device.
     Drain,
+    /// `set_allocator_settings <string>`: torch's `_set_allocator_settings` at run time (the
+    /// string without blanks), read by `alloc_conf::parse_settings` on top of the configuration
+    /// in force.
+    Settings(String),
 }
 
 impl OpKind {
@@ -149,6 +153,7 @@ impl OpKind {
             OpKind::Fault { .. } => "fault",
             OpKind::Misuse(m) => m.keyword(),
             OpKind::Drain => "drain",
+            OpKind::Settings(_) => "set_allocator_settings",
         }
     }
 }

@@ -161,7 +161,7 @@ pub enum TraceErrorKind {
 
 /// Every keyword of the format (directives and operations), for the "keywords are lower case"
 /// hint and for tests that generate traces.
-pub const KEYWORDS: [&str; 20] = [
+pub const KEYWORDS: [&str; 21] = [
     "capacity",
     "conf",
     "device_overhead",
@@ -182,6 +182,7 @@ pub const KEYWORDS: [&str; 20] = [
     "free_foreign",
     "free_interior",
     "drain",
+    "set_allocator_settings",
 ];
 
 impl fmt::Display for TraceErrorKind {
@@ -610,6 +611,11 @@ impl<'a> Parser<'a> {
             "reset_accumulated" => {
                 args.end()?;
                 OpKind::ResetAccumulated
+            }
+            "set_allocator_settings" => {
+                let settings = args.need("<string>")?.to_owned();
+                args.end()?;
+                OpKind::Settings(settings)
             }
             "stats" => {
                 let label = args.optional().map(str::to_owned);

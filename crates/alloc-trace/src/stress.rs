@@ -15,8 +15,7 @@ use core::fmt;
 use std::time::Duration;
 
 use alloc_conf::AllocConf;
-use alloc_core::{Allocator, DeviceFacts, Flavour, Notice};
-use alloc_sim::SimDevice;
+use alloc_core::Flavour;
 
 use crate::exec::{
     self, CheckError, Checks, DEFAULT_PAD, ExecError, Executor, Failure, Report, Setup,
@@ -51,6 +50,9 @@ pub struct StressParams {
     pub fault_rate: f64,
     /// Whether `set_per_process_memory_fraction` operations are generated.
     pub fraction_ops: bool,
+    /// Whether virtual-memory faults and `set_allocator_settings` switches of
+    /// `expandable_segments` are generated (for a configuration with expandable segments).
+    pub expandable_ops: bool,
     /// Test-only: break a check on purpose ([`Checks::sabotaged`]), to prove that a failure
     /// reproduces from its printed trace.
     pub sabotage: bool,
@@ -67,10 +69,12 @@ pub const DEFAULT_FAULT_RATE: f64 = 0.02;
 impl StressParams {
     /// Defaults for `conf_text` (parsed with `alloc_conf::parse`; warnings are the caller's to
     /// show): [`DEFAULT_CAPACITY`], torch_npu's 32-byte pad, 4 streams, [`DEFAULT_MAX_LIVE`],
-    /// [`DEFAULT_FAULT_RATE`], and fraction operations unless the configuration's GC relies on
-    /// running without a fraction.
+    /// [`DEFAULT_FAULT_RATE`], fraction operations unless the configuration's GC relies on
+    /// running without a fraction, and virtual-memory faults and switches when it has expandable
+    /// segments.
     pub fn new(seed: u64, ops: u64, conf_text: &str) -> StressParams {
         let conf = alloc_conf::parse(conf_text).conf;
+        let expandable_ops = conf.expandable_segments;
         let fraction_ops =
             conf.garbage_collection_threshold.is_none() || conf.per_process_memory_fraction < 1.0;
         StressParams {
@@ -85,6 +89,7 @@ impl StressParams {
             max_live: DEFAULT_MAX_LIVE,
             fault_rate: DEFAULT_FAULT_RATE,
             fraction_ops,
+            expandable_ops,
             sabotage: false,
         }
     }
@@ -154,17 +159,6 @@ pub const VARIANTS: [(&str, &str); 6] = [
     ),
     ("expandable_segments", "expandable_segments:True"),
 ];
-
-/// Why a configuration cannot be stressed as itself (today: `expandable_segments:True`, which the
-/// allocator runs as `False` until it is implemented), or `None` when it can.
-pub fn unsupported(conf: &AllocConf) -> Option<Notice> {
-    let alloc = Allocator::new(SimDevice::new(1 << 30), conf, DeviceFacts::npu(0));
-    alloc
-        .notices()
-        .iter()
-        .copied()
-        .find(|n| *n == Notice::ExpandableSegmentsUnsupported)
-}
 
 /// A failed stress run: how to reproduce it, and the shrunk operations that still fail.
 #[derive(Debug, Clone, PartialEq)]

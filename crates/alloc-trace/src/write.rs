@@ -32,6 +32,7 @@ impl fmt::Display for Line<'_> {
             OpKind::Record { id, stream } => write!(f, "{keyword} {} {stream}", name(id)),
             OpKind::Complete { stream: Some(s) } => write!(f, "{keyword} {s}"),
             OpKind::Fraction(x) => write!(f, "{keyword} {x}"),
+            OpKind::Settings(ref settings) => write!(f, "{keyword} {settings}"),
             OpKind::Stats { label: Some(ref l) } => write!(f, "{keyword} {l}"),
             OpKind::Fault { call, nth, fault } => match fault {
                 Fault::OutOfMemory => write!(f, "{keyword} {call} {nth} oom"),

@@ -105,10 +105,6 @@ pub(crate) fn run(args: Args) -> ExitCode {
         for w in &parsed.warnings {
             eprintln!("warning: alloc conf {conf:?}: {w}");
         }
-        if let Some(notice) = stress::unsupported(&parsed.conf) {
-            say!("{name:<26} skipped: {notice}");
-            continue;
-        }
         let mut params = StressParams::new(seed, args.ops, &conf);
         params.capacity = args.capacity;
         params.pad = args.pad;

@@ -151,11 +151,13 @@ impl Generator {
     }
 
     /// A device fault to inject. One in nine is a failed event record together with a failed
-    /// synchronization, the pair that makes `free` itself fail (its fallback fails too).
+    /// synchronization, the pair that makes `free` itself fail (its fallback fails too). With
+    /// expandable segments, six in fifteen fail a virtual-memory call instead.
     fn fault(&mut self) -> OpKind {
         let r = &mut self.rng;
         let code = r.pick(&[1, 100_000, 107_002, 507_899]);
-        let (call, fault) = match r.below(9) {
+        let kinds = if self.params.expandable_ops { 15 } else { 9 };
+        let (call, fault) = match r.below(kinds) {
             8 => {
                 self.queued = Some(OpKind::Fault {
                     call: DeviceCall::Synchronize,
@@ -170,7 +172,16 @@ impl Generator {
             4 => (DeviceCall::RecordEvent, Fault::Error(code)),
             5 => (DeviceCall::EventDone, Fault::Error(code)),
             6 => (DeviceCall::Synchronize, Fault::Error(code)),
-            _ => (DeviceCall::MemInfo, Fault::Error(code)),
+            7 => (DeviceCall::MemInfo, Fault::Error(code)),
+            9 => (DeviceCall::CreatePage, Fault::OutOfMemory),
+            10 => (DeviceCall::CreatePage, Fault::Error(code)),
+            11 => (DeviceCall::Map, Fault::Error(code)),
+            12 => (DeviceCall::Unmap, Fault::Error(code)),
+            13 => (DeviceCall::ReleasePage, Fault::Error(code)),
+            _ => (
+                r.pick(&[DeviceCall::ReserveAddress, DeviceCall::ReleaseAddress]),
+                Fault::Error(code),
+            ),
         };
         OpKind::Fault {
             call,
@@ -214,16 +225,17 @@ impl Generator {
         // Weights in parts per thousand; those that do not apply are 0.
         let any = |w: u64| if live > 0 { w } else { 0 };
         let weights = [
-            if crowded { 40 } else { 400 },               // alloc
-            any(if crowded { 600 } else { 300 }),         // free
-            any(80),                                      // record
-            80,                                           // complete
-            8,                                            // empty_cache
-            if self.params.fraction_ops { 5 } else { 0 }, // fraction
-            5,                                            // reset_peak
-            3,                                            // reset_accumulated
-            10,                                           // misuse
-            1,                                            // drain
+            if crowded { 40 } else { 400 },                 // alloc
+            any(if crowded { 600 } else { 300 }),           // free
+            any(80),                                        // record
+            80,                                             // complete
+            8,                                              // empty_cache
+            if self.params.fraction_ops { 5 } else { 0 },   // fraction
+            5,                                              // reset_peak
+            3,                                              // reset_accumulated
+            10,                                             // misuse
+            1,                                              // drain
+            if self.params.expandable_ops { 4 } else { 0 }, // set_allocator_settings
         ];
         let mut x = self.rng.below(weights.iter().sum());
         let mut choice = 0;
@@ -256,7 +268,12 @@ impl Generator {
             6 => OpKind::ResetPeak,
             7 => OpKind::ResetAccumulated,
             8 => self.misuse(),
-            _ => OpKind::Drain,
+            9 => OpKind::Drain,
+            _ => OpKind::Settings(
+                self.rng
+                    .pick(&["expandable_segments:False", "expandable_segments:True"])
+                    .to_string(),
+            ),
         }
     }
 }
@@ -296,7 +313,7 @@ mod tests {
 
     #[test]
     fn every_kind_of_operation_is_drawn() {
-        let mut params = StressParams::new(1, 0, "");
+        let mut params = StressParams::new(1, 0, "expandable_segments:True");
         params.fault_rate = 0.05;
         let ops = draw(&params, 20_000);
         let has = |f: fn(&OpKind) -> bool| ops.iter().any(f);
@@ -329,6 +346,12 @@ mod tests {
             OpKind::Misuse(Misuse::InteriorPointer { .. })
         )));
         assert!(has(|o| matches!(o, OpKind::Drain)));
+        assert!(has(
+            |o| matches!(o, OpKind::Settings(s) if s.ends_with("False"))
+        ));
+        assert!(has(
+            |o| matches!(o, OpKind::Settings(s) if s.ends_with("True"))
+        ));
         for call in DeviceCall::ALL {
             assert!(
                 ops.iter()
