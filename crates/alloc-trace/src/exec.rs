@@ -923,7 +923,7 @@ impl Executor {
                 let fired = self.take_fired();
                 let conf = self.alloc.conf();
                 let probe_failed = fired.iter().any(|f| f.call == DeviceCall::ReserveAddress);
-                let on = asked.expandable_segments && !(probe_failed && !before.expandable);
+                let on = asked.expandable_segments && (before.expandable || !probe_failed);
                 if conf.expandable_segments != on || conf.max_split_size != asked.max_split_size {
                     return Err(broken(
                         Rule::UnexpectedResult,
