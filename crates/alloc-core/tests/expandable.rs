@@ -1,0 +1,480 @@
+//! Worked examples of expandable segments (torch_npu's policy), with exact numbers: addresses,
+//! pages, stats and the simulated device's own accounting of ranges, pages and mappings.
+
+mod common;
+
+use alloc_core::{AllocError, BlockState, Notice, PoolKind};
+use alloc_sim::{BASE_ADDRESS, DeviceCall, Fault, SimDevice, TestDevice};
+use common::*;
+
+/// The first reserved range of a fresh device: the 512-byte probe takes the first 2 MiB slot.
+const B: u64 = BASE_ADDRESS + 2 * MIB;
+
+fn expandable(capacity: u64, extra: &str) -> alloc_core::Allocator<TestDevice> {
+    cuda(capacity, &conf(&format!("expandable_segments:True{extra}")))
+}
+
+/// (pages, mapped bytes, reserved ranges) on the device.
+fn device(a: &alloc_core::Allocator<TestDevice>) -> (usize, u64, Vec<(u64, u64)>) {
+    let d = a.device();
+    (
+        d.live_pages(),
+        d.mapped_bytes(),
+        d.reserved_ranges().collect(),
+    )
+}
+
+/// A snapshot segment's offset from `B` and its blocks as (offset, size, state).
+type Layout = Vec<(u64, Vec<(u64, u64, BlockState)>)>;
+
+/// Every snapshot segment and its blocks, as offsets from `B`.
+fn layout(a: &alloc_core::Allocator<TestDevice>) -> Layout {
+    a.snapshot()
+        .into_iter()
+        .map(|s| {
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|b| (b.address - B, b.size, b.state))
+                .collect();
+            (s.address - B, blocks)
+        })
+        .collect()
+}
+
+use BlockState::{ActiveAllocated as Used, Inactive as Free};
+
+#[test]
+fn the_first_request_reserves_nine_eighths_of_the_device_and_maps_one_page() {
+    let mut a = expandable(GIB, "");
+    assert!(a.notices().is_empty());
+    let x = a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(x, B);
+    // ceil(1.125 GiB / 20 MiB) = 58 pages of address space; one page mapped.
+    assert_eq!(device(&a), (1, 20 * MIB, vec![(B, 58 * 20 * MIB)]));
+    assert_eq!(
+        stat(&a, "reserved_bytes.large_pool.current"),
+        (20 * MIB) as i64
+    );
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    assert_eq!(stat(&a, "segment.all.current"), 0);
+    assert_eq!(stat(&a, "inactive_split.all.current"), 0);
+    assert_eq!(stat(&a, "inactive_split_bytes.all.current"), 0);
+    assert_eq!(
+        layout(&a),
+        [(0, vec![(0, 8 * MIB, Used), (8 * MIB, 12 * MIB, Free)])]
+    );
+    let info = &a.expandable_segments()[0];
+    assert_eq!(
+        (info.page_size, info.mapped_pages, info.pool),
+        (20 * MIB, 1, PoolKind::Large)
+    );
+    assert!(a.snapshot()[0].is_expandable);
+
+    // 16 MiB grows the free 12 MiB at the end by one page: one map call, one 32 MiB block.
+    let y = a.malloc(16 * MIB, S0).unwrap();
+    assert_eq!(y, B + 8 * MIB);
+    assert_eq!(device(&a).0, 2);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_alloc"), 2);
+    assert_eq!(
+        layout(&a),
+        [(
+            0,
+            vec![
+                (0, 8 * MIB, Used),
+                (8 * MIB, 16 * MIB, Used),
+                (24 * MIB, 16 * MIB, Free)
+            ]
+        )]
+    );
+    check_consistency(&a);
+
+    // Freeing everything and emptying the cache unmaps both pages in one range and releases
+    // the address space.
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(device(&a), (0, 0, vec![]));
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    assert!(a.snapshot().is_empty());
+    assert!(a.expandable_segments().is_empty());
+    check_consistency(&a);
+}
+
+#[test]
+fn the_small_pool_maps_two_mib_pages() {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(1000, S0).unwrap();
+    assert_eq!(x, B);
+    // ceil(1.125 GiB / 2 MiB) = 576 pages.
+    assert_eq!(device(&a), (1, 2 * MIB, vec![(B, 576 * 2 * MIB)]));
+    assert_eq!(
+        stat(&a, "reserved_bytes.small_pool.current"),
+        (2 * MIB) as i64
+    );
+    assert_eq!(stat(&a, "segment.small_pool.current"), 0);
+}
+
+/// x = 8 MiB, y = 40 MiB, z = 4 MiB; then y is freed and the cache emptied.
+fn with_a_gap() -> (alloc_core::Allocator<TestDevice>, u64, u64) {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(8 * MIB, S0).unwrap();
+    let y = a.malloc(40 * MIB, S0).unwrap();
+    let z = a.malloc(4 * MIB, S0).unwrap();
+    assert_eq!((y, z), (B + 8 * MIB, B + 48 * MIB));
+    assert_eq!(stat(&a, "num_device_alloc"), 2);
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    (a, x, z)
+}
+
+#[test]
+fn empty_cache_unmaps_only_whole_pages_inside_free_blocks() {
+    let (a, _, _) = with_a_gap();
+    // y's block [8, 48) MiB holds one whole page, [20, 40); 12 MiB before and 8 MiB after stay
+    // mapped. The free [52, 60) MiB holds no whole page.
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    assert_eq!(device(&a).0, 2);
+    assert_eq!(
+        layout(&a),
+        [
+            (0, vec![(0, 8 * MIB, Used), (8 * MIB, 12 * MIB, Free)]),
+            (
+                40 * MIB,
+                vec![
+                    (40 * MIB, 8 * MIB, Free),
+                    (48 * MIB, 4 * MIB, Used),
+                    (52 * MIB, 8 * MIB, Free)
+                ]
+            ),
+        ]
+    );
+    check_consistency(&a);
+}
+
+#[test]
+fn the_lowest_address_that_fits_is_refilled_first() {
+    let (mut a, _, _) = with_a_gap();
+    // No free block holds 20 MiB. The gap [20, 40) MiB with the free 12 MiB before it is the
+    // lowest fit: one page is mapped there, and it merges with both free neighbours.
+    let w = a.malloc(20 * MIB, S0).unwrap();
+    assert_eq!(w, B + 8 * MIB);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (60 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_alloc"), 3);
+    assert_eq!(
+        layout(&a),
+        [(
+            0,
+            vec![
+                (0, 8 * MIB, Used),
+                (8 * MIB, 20 * MIB, Used),
+                (28 * MIB, 20 * MIB, Free),
+                (48 * MIB, 4 * MIB, Used),
+                (52 * MIB, 8 * MIB, Free)
+            ]
+        )]
+    );
+    check_consistency(&a);
+}
+
+#[test]
+fn a_segment_with_nothing_mapped_is_released() {
+    let (mut a, x, z) = with_a_gap();
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    // [0, 20) MiB was one free page: unmapped, and it merges with the gap after it.
+    assert_eq!(stat(&a, "num_device_free"), 2);
+    assert_eq!(layout(&a)[0].0, 40 * MIB);
+    assert_eq!(device(&a).2.len(), 1);
+    a.free(z).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(stat(&a, "num_device_free"), 3);
+    assert_eq!(device(&a), (0, 0, vec![]));
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    check_consistency(&a);
+}
+
+#[test]
+fn running_out_while_mapping_leaves_no_page_of_the_failed_call() {
+    let mut a = expandable(100 * MIB, "");
+    let x = a.malloc(50 * MIB, S0).unwrap();
+    assert_eq!(x, B);
+    assert_eq!(device(&a).0, 3);
+    // The next 50 MiB needs pages 3 and 4: page 3 is created, page 4 fails, page 3 goes back;
+    // the last retry fails on its first page.
+    a.device_mut()
+        .fail_from(DeviceCall::CreatePage, 2, Fault::OutOfMemory);
+    let err = a.malloc(50 * MIB, S0).unwrap_err();
+    match err {
+        AllocError::OutOfMemory(oom) => {
+            assert_eq!((oom.requested, oom.alloc_size), (50 * MIB, 50 * MIB));
+            assert_eq!(oom.reserved, 60 * MIB);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.device().calls(DeviceCall::CreatePage), 3 + 3);
+    assert_eq!(a.device().calls(DeviceCall::ReleasePage), 1);
+    assert_eq!(device(&a).0, 3);
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    check_consistency(&a);
+    a.device_mut().clear_all_faults();
+    assert_eq!(a.malloc(50 * MIB, S0).unwrap(), B + 50 * MIB);
+    check_consistency(&a);
+}
+
+/// Pages 0, 1 and 2 were mapped by three 20 MiB requests; page 0 is unmapped again and pages
+/// 1 and 2 are free: [0, 20) MiB unmapped, [20, 60) free, the rest unmapped.
+fn with_a_hole_at_the_start() -> alloc_core::Allocator<TestDevice> {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(20 * MIB, S0).unwrap();
+    let y = a.malloc(20 * MIB, S0).unwrap();
+    let z = a.malloc(20 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    a.free(y).unwrap();
+    a.free(z).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    assert_eq!(
+        (stat(&a, "num_device_alloc"), stat(&a, "num_device_free")),
+        (3, 1)
+    );
+    a
+}
+
+#[test]
+fn a_request_can_map_twice_and_keeps_the_first_map_if_the_second_fails() {
+    // 80 MiB starts at the hole: the first map call maps page 0 (merging into [0, 60) MiB),
+    // the second maps page 3.
+    let mut a = with_a_hole_at_the_start();
+    assert_eq!(a.malloc(80 * MIB, S0).unwrap(), B);
+    assert_eq!(stat(&a, "num_device_alloc"), 5);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (80 * MIB) as i64);
+    check_consistency(&a);
+
+    // The second map call fails with a device error: page 0 stays mapped, free.
+    let mut a = with_a_hole_at_the_start();
+    a.device_mut()
+        .fail_nth(DeviceCall::Map, 2, Fault::Error(507_899));
+    assert!(matches!(a.malloc(80 * MIB, S0), Err(AllocError::Device(_))));
+    assert_eq!(stat(&a, "num_device_alloc"), 4);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (60 * MIB) as i64);
+    assert_eq!(layout(&a), [(0, vec![(0, 60 * MIB, Free)])]);
+    check_consistency(&a);
+
+    // It runs out of memory instead: the chain goes on, and its last retry unmaps the free
+    // [0, 60) MiB (page 0 included), releases the emptied range and maps 80 MiB in a new one.
+    let mut a = with_a_hole_at_the_start();
+    a.device_mut()
+        .fail_nth(DeviceCall::CreatePage, 2, Fault::OutOfMemory);
+    let w = a.malloc(80 * MIB, S0).unwrap();
+    assert_eq!(w, B + 58 * 20 * MIB);
+    assert_eq!(device(&a).2, vec![(w, 58 * 20 * MIB)]);
+    assert_eq!(
+        (stat(&a, "num_device_alloc"), stat(&a, "num_device_free")),
+        (5, 2)
+    );
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    check_consistency(&a);
+}
+
+#[test]
+fn the_fraction_is_checked_against_the_segment_torch_would_have_asked_for() {
+    // allowed = 0.044 × 1 GiB = 47,244,640 bytes.
+    let mut a = expandable(GIB, ",per_process_memory_fraction:0.044");
+    assert_eq!(a.allowed_memory(), Some(47_244_640));
+    a.malloc(8 * MIB, S0).unwrap();
+    // 30 MiB needs one more page (40 MiB mapped would fit), but 20 MiB mapped + its 30 MiB
+    // alloc_size = 52,428,800 is over the limit: refused without a device call.
+    let pages_before = a.device().calls(DeviceCall::CreatePage);
+    match a.malloc(30 * MIB, S0) {
+        Err(AllocError::OutOfMemory(oom)) => {
+            assert_eq!(oom.alloc_size, 30 * MIB);
+            assert_eq!(oom.allowed, Some(47_244_640));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(a.device().calls(DeviceCall::CreatePage), pages_before);
+    // 24 MiB: 20 MiB + 24 MiB = 46,137,344 fits; one page is mapped.
+    assert_eq!(a.malloc(24 * MIB, S0).unwrap(), B + 8 * MIB);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    check_consistency(&a);
+}
+
+#[test]
+fn large_blocks_start_on_a_16_kib_boundary() {
+    // torch_npu's 32-byte pad makes every 24 MiB tensor 24 MiB + 512 bytes.
+    let big = 24 * MIB;
+    let padded = big + 512;
+    let mut a = npu(GIB, &conf("expandable_segments:True"));
+    let x = a.malloc(big, S0).unwrap();
+    let y = a.malloc(big, S0).unwrap();
+    assert_eq!(x, B);
+    // y would start at B + 24 MiB + 512; it moves to the next 16 KiB boundary and leaves the
+    // 15,872 bytes before it free.
+    assert_eq!(y, B + 24 * MIB + 16 * KIB);
+    let blocks = &a.snapshot()[0].blocks;
+    let sizes: Vec<(u64, BlockState)> = blocks.iter().map(|b| (b.size, b.state)).collect();
+    assert_eq!(
+        sizes,
+        [
+            (padded, Used),
+            (15_872, Free),
+            (padded, Used),
+            (60 * MIB - 2 * padded - 15_872, Free)
+        ]
+    );
+    assert_eq!(stat(&a, "inactive_split.all.current"), 0);
+    check_consistency(&a);
+
+    // base_addr_aligned_kb:0 turns it off.
+    let mut a = npu(
+        GIB,
+        &conf("expandable_segments:True,base_addr_aligned_kb:0"),
+    );
+    a.malloc(big, S0).unwrap();
+    assert_eq!(a.malloc(big, S0).unwrap(), B + padded);
+    // Requests below 2 MiB are never moved.
+    let mut a = npu(GIB, &conf("expandable_segments:True"));
+    a.malloc(big, S0).unwrap();
+    let small_large = a.malloc(MIB + MIB / 2, S0).unwrap();
+    assert_eq!(small_large, B + padded);
+}
+
+#[test]
+fn segment_size_mb_sets_the_large_page() {
+    let mut a = expandable(GIB, ",segment_size_mb:128");
+    a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 134_217_728);
+    // ceil(1.125 GiB / 128 MiB) = 9 pages of address space.
+    assert_eq!(device(&a).2, vec![(B, 9 * 128 * MIB)]);
+}
+
+#[test]
+fn page_size_1g_maps_whole_gib_in_the_large_pool_only() {
+    let mut a = expandable(4 * GIB, ",page_size:1g");
+    a.malloc(8 * MIB, S0).unwrap();
+    a.malloc(1000, S0).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.large_pool.current"), GIB as i64);
+    assert_eq!(
+        stat(&a, "reserved_bytes.small_pool.current"),
+        (2 * MIB) as i64
+    );
+    // Large: ceil(4.5 GiB / 1 GiB) = 5 pages; small: 4.5 GiB of 2 MiB pages.
+    let ranges: Vec<u64> = device(&a).2.iter().map(|r| r.1).collect();
+    assert_eq!(ranges, [5 * GIB, 4 * GIB + GIB / 2]);
+    check_consistency(&a);
+}
+
+#[test]
+fn each_stream_gets_its_own_segment_and_waits_for_its_events() {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(8 * MIB, S0).unwrap();
+    let y = a.malloc(8 * MIB, S1).unwrap();
+    let ranges = device(&a).2;
+    assert_eq!(ranges.len(), 2);
+    assert_eq!(y, ranges[1].0);
+    a.record_stream(x, S1).unwrap();
+    a.free(x).unwrap();
+    // x waits on stream 1: nothing of stream 0 may be unmapped until the event completes.
+    assert_eq!(layout(&a)[0].1[0].2, BlockState::ActivePendingFree);
+    a.device_mut().complete_stream(S1);
+    a.process_events().unwrap();
+    assert_eq!(layout(&a)[0].1.len(), 1);
+    // The pending block is released by empty_cache's synchronization even without completion.
+    let z = a.malloc(8 * MIB, S0).unwrap();
+    a.record_stream(z, S1).unwrap();
+    a.free(z).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(device(&a).2, vec![ranges[1]]);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (20 * MIB) as i64);
+    check_consistency(&a);
+}
+
+#[test]
+fn switching_off_and_on_at_run_time() {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(8 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    let off = alloc_conf::parse_settings(a.conf(), "expandable_segments:False");
+    assert!(!a.set_conf(&off.conf));
+    // The free expandable page is passed over: a 20 MiB device segment serves the request.
+    let y = a.malloc(8 * MIB, S0).unwrap();
+    let segment = y;
+    assert_eq!(a.device().segment_size(segment), Some(20 * MIB));
+    assert_eq!(stat(&a, "segment.all.current"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    assert_eq!(stat(&a, "inactive_split.all.current"), 1);
+    a.free(y).unwrap();
+    let on = alloc_conf::parse_settings(a.conf(), "expandable_segments:True");
+    assert!(a.set_conf(&on.conf));
+    // Both free blocks are 20 MiB; the expandable one comes first by address, but it can grow
+    // into the unmapped space after it, so best fit moves on to the device segment.
+    let z = a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(z, segment);
+    // Split at 512 bytes remaining now: 8 MiB used, 12 MiB free in the device segment.
+    assert_eq!(
+        stat(&a, "inactive_split_bytes.all.current"),
+        (12 * MIB) as i64
+    );
+    check_consistency(&a);
+    // Freed and emptied: the segment goes back whole, the page is unmapped and the range
+    // released.
+    a.free(z).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(device(&a), (0, 0, vec![]));
+    assert_eq!(a.device().outstanding_segments(), 0);
+    check_consistency(&a);
+}
+
+#[test]
+fn a_device_without_virtual_memory_runs_without_expandable_segments() {
+    let mut a = alloc_core::Allocator::new(
+        TestDevice::new(SimDevice::new(GIB).without_vmm()),
+        &conf("expandable_segments:True"),
+        alloc_core::DeviceFacts::cuda_parity(0),
+    );
+    assert_eq!(a.notices(), [Notice::ExpandableSegmentsUnsupported]);
+    assert!(!a.conf().expandable_segments);
+    a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(stat(&a, "segment.all.current"), 1);
+    assert_eq!(a.device().calls(DeviceCall::ReserveAddress), 1);
+    // A failed probe reservation is reported as such.
+    let mut d = TestDevice::new(SimDevice::new(GIB));
+    d.fail_nth(DeviceCall::ReserveAddress, 1, Fault::Error(507_899));
+    let a = alloc_core::Allocator::new(
+        d,
+        &conf("expandable_segments:True"),
+        alloc_core::DeviceFacts::cuda_parity(0),
+    );
+    assert_eq!(a.notices(), [Notice::ExpandableSegmentsProbeFailed]);
+}
+
+#[test]
+fn failures_of_virtual_memory_calls_leave_the_books_exact() {
+    // A failed map after one page was mapped keeps that page as a free block.
+    let mut a = expandable(GIB, "");
+    a.device_mut()
+        .fail_nth(DeviceCall::Map, 2, Fault::Error(507_899));
+    let err = a.malloc(30 * MIB, S0).unwrap_err();
+    assert!(matches!(err, AllocError::Device(_)), "{err:?}");
+    assert_eq!(device(&a).0, 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (20 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    check_consistency(&a);
+    // A page the device refuses to take back is held and given back by the next empty_cache.
+    a.device_mut()
+        .fail_nth(DeviceCall::ReleasePage, 1, Fault::Error(507_899));
+    a.empty_cache().unwrap();
+    assert_eq!(a.held().pages, 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    check_consistency(&a);
+    a.empty_cache().unwrap();
+    assert_eq!(a.held().pages, 0);
+    assert_eq!(device(&a), (0, 0, vec![]));
+    check_consistency(&a);
+}
