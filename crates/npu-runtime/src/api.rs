@@ -74,6 +74,10 @@ struct Slot<D: Device> {
 pub struct Runtime<D: Device> {
     open: Box<Opener<D>>,
     config: Config,
+    /// The run-time settings so far: the configuration devices opened from now on start from,
+    /// and every `set_allocator_settings` string in order (each device applies the ones it has
+    /// not seen, under this lock, so none is missed by a device that opens meanwhile).
+    settings: Mutex<(alloc_conf::AllocConf, Vec<String>)>,
     devices: Vec<Slot<D>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
 }
@@ -90,6 +94,7 @@ where
     ) -> Self {
         Runtime {
             open: Box::new(open),
+            settings: Mutex::new((config.alloc.clone(), Vec::new())),
             config,
             devices: (0..count)
                 .map(|_| Slot {
@@ -123,15 +128,62 @@ where
 
     /// Device `device` and its allocator, opened on first use.
     fn opened_or_open(&self, device: u32) -> Result<&(Shared<D>, Entry<D>), D::Error> {
-        self.slot(device)?.entry.get_or_try_init(|| {
+        let slot = self.slot(device)?;
+        if let Some(opened) = slot.entry.get() {
+            return Ok(opened);
+        }
+        let opened: &(Shared<D>, Entry<D>) = slot.entry.get_or_try_init(|| {
             let (dev, facts) = (self.open)(device).map_err(RuntimeError::Device)?;
             let dev = Shared::new(dev);
             let entry = if self.config.caching {
-                Entry::Caching(DeviceAllocator::new(dev.clone(), facts, &self.config.alloc))
+                let settings = self.settings.lock();
+                let (conf, applied) = (&settings.0, settings.1.len() as u64);
+                Entry::Caching(DeviceAllocator::new(dev.clone(), facts, conf, applied))
             } else {
                 Entry::Uncached(Uncached::new(dev.clone(), facts.index, facts.pad))
             };
-            Ok((dev, entry))
+            Ok::<_, RuntimeError<D::Error>>((dev, entry))
+        })?;
+        // Settings given while the device opened, after it read them, are applied now.
+        if let Entry::Caching(a) = &opened.1 {
+            a.catch_up(&self.settings.lock().1);
+        }
+        Ok(opened)
+    }
+
+    /// torch's `torch.npu.memory._set_allocator_settings(settings)`: changes
+    /// `expandable_segments`, `max_split_size_mb`, `max_non_split_rounding_mb`,
+    /// `release_lock_on_npumalloc` or `per_process_memory_fraction` while the allocator runs,
+    /// on every device (read on top of each device's configuration, and of the runtime's for
+    /// devices opened later). As in torch_npu, `max_split_size_mb`, `roundup_power2_divisions`
+    /// and `garbage_collection_threshold` go back to their defaults unless the string sets them
+    /// (`alloc_conf::parse_settings`). Later allocations follow the new settings; blocks of
+    /// expandable segments stay, and best fit passes over them while expandable segments are
+    /// off. Turning them on probes each device again; a device without virtual memory logs a
+    /// warning once and stays without. Returns the warnings about the string (also logged once).
+    pub fn set_allocator_settings(&self, settings: &str) -> Vec<alloc_conf::Warning> {
+        let mut state = self.settings.lock();
+        let parsed = alloc_conf::parse_settings(&state.0, settings);
+        for w in &parsed.warnings {
+            crate::warn_once::warn_once(&format!("set_allocator_settings: {w}"));
+        }
+        state.0 = parsed.conf;
+        state.1.push(settings.to_owned());
+        for entry in self.opened_all() {
+            if let Entry::Caching(a) = entry {
+                a.catch_up(&state.1);
+            }
+        }
+        parsed.warnings
+    }
+
+    /// The allocator configuration in force on `device` (the runtime's, for a device not used
+    /// yet): the start configuration with every `set_allocator_settings` applied, and
+    /// `expandable_segments` off where the device has no virtual memory.
+    pub fn allocator_settings(&self, device: u32) -> Result<alloc_conf::AllocConf, D::Error> {
+        Ok(match self.opened(device)? {
+            Some(Entry::Caching(a)) => a.conf(),
+            _ => self.settings.lock().0.clone(),
         })
     }
 
@@ -270,7 +322,7 @@ where
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.stats(),
             _ => DeviceStats {
-                max_split_size: self.config.alloc.max_split_size,
+                max_split_size: self.settings.lock().0.max_split_size,
                 ..DeviceStats::default()
             },
         })
@@ -339,7 +391,7 @@ where
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.fraction(),
             Some(Entry::Uncached(_)) => 1.0,
-            None => self.config.alloc.per_process_memory_fraction,
+            None => self.settings.lock().0.per_process_memory_fraction,
         })
     }
 

@@ -15,7 +15,7 @@ use alloc_core::{
 };
 
 use crate::error::RuntimeError;
-use crate::sync::{Arc, Mutex, MutexGuard};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::warn_once::warn_once;
 
 /// A device shared by its allocator and the calls made without the allocator's lock; each
@@ -89,21 +89,31 @@ impl<D: Device> Device for Shared<D> {
 /// One device's allocator and its lock.
 pub(crate) struct DeviceAllocator<D: Device> {
     index: u32,
-    release_lock: bool,
+    /// `release_lock_on_npumalloc`, which `set_allocator_settings` may change.
+    release_lock: AtomicBool,
+    /// How many of the runtime's `set_allocator_settings` strings this allocator has applied
+    /// (read and written under the runtime's settings lock).
+    settings_applied: AtomicU64,
     device: Shared<D>,
     inner: Mutex<Allocator<Shared<D>>>,
 }
 
 impl<D: Device> DeviceAllocator<D> {
     /// The allocator of `device` (device `facts.index`); logs each of its notices once.
-    pub(crate) fn new(device: Shared<D>, facts: DeviceFacts, conf: &AllocConf) -> Self {
+    pub(crate) fn new(
+        device: Shared<D>,
+        facts: DeviceFacts,
+        conf: &AllocConf,
+        settings_applied: u64,
+    ) -> Self {
         let allocator = Allocator::new(device.clone(), conf, facts);
         for notice in allocator.notices() {
             warn_once(&notice.to_string());
         }
         DeviceAllocator {
             index: facts.index,
-            release_lock: conf.release_lock_on_npumalloc,
+            release_lock: AtomicBool::new(conf.release_lock_on_npumalloc),
+            settings_applied: AtomicU64::new(settings_applied),
             device,
             inner: Mutex::new(allocator),
         }
@@ -120,7 +130,7 @@ impl<D: Device> DeviceAllocator<D> {
         size: u64,
         stream: D::Stream,
     ) -> Result<u64, RuntimeError<D::Error>> {
-        if self.release_lock {
+        if self.release_lock.load(Ordering::Relaxed) {
             return self.malloc_releasing_lock(size, stream);
         }
         Ok(self.lock().malloc(size, stream)?)
@@ -206,6 +216,33 @@ impl<D: Device> DeviceAllocator<D> {
     /// Whether and how GC runs.
     pub(crate) fn gc_status(&self) -> GcStatus {
         self.lock().gc_status()
+    }
+
+    /// The configuration in force.
+    pub(crate) fn conf(&self) -> AllocConf {
+        self.lock().conf().clone()
+    }
+
+    /// Applies `settings[applied..]`, the run-time settings strings this allocator has not seen,
+    /// each read on top of its own configuration (so its own fraction stays unless a string sets
+    /// one); logs any new notice once. The caller holds the runtime's settings lock.
+    pub(crate) fn catch_up(&self, settings: &[String]) {
+        let applied = self.settings_applied.load(Ordering::Relaxed) as usize;
+        if applied >= settings.len() {
+            return;
+        }
+        let mut allocator = self.lock();
+        for text in &settings[applied..] {
+            let parsed = alloc_conf::parse_settings(allocator.conf(), text);
+            allocator.set_conf(&parsed.conf);
+            self.release_lock
+                .store(parsed.conf.release_lock_on_npumalloc, Ordering::Relaxed);
+        }
+        for notice in allocator.notices() {
+            warn_once(&notice.to_string());
+        }
+        self.settings_applied
+            .store(settings.len() as u64, Ordering::Relaxed);
     }
 }
 

@@ -57,3 +57,65 @@ fn an_observer_that_runs_out_of_memory_again_is_not_called_again() {
     assert!(rt.malloc(5 * MIB, 1, S0).unwrap_err().is_out_of_memory());
     assert_eq!(calls.load(Ordering::Relaxed), 2);
 }
+
+fn expandable_config() -> Config {
+    Config {
+        alloc: alloc_conf::parse("expandable_segments:True").conf,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn set_allocator_settings_switches_expandable_segments_on_every_device() {
+    let rt = sim::runtime(2, 256 * MIB, expandable_config());
+    let a = rt.malloc(8 * MIB, 0, S0).unwrap();
+    let snapshot = rt.memory_snapshot(0).unwrap();
+    assert!(snapshot[0].is_expandable);
+    assert_eq!(rt.device_stats(0).unwrap().segment.all.current, 0);
+
+    assert!(rt.set_allocator_settings("expandable_segments:False").is_empty());
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+    assert!(!rt.allocator_settings(1).unwrap().expandable_segments);
+    // The free 12 MiB of the expandable page is passed over: a 20 MiB device segment.
+    let b = rt.malloc(8 * MIB, 0, S0).unwrap();
+    let s = rt.device_stats(0).unwrap();
+    assert_eq!(s.segment.all.current, 1);
+    assert_eq!(s.reserved_bytes.all.current, (40 * MIB) as i64);
+    // A device opened afterwards starts with the settings in force.
+    let c = rt.malloc(8 * MIB, 1, S0).unwrap();
+    assert_eq!(rt.device_stats(1).unwrap().segment.all.current, 1);
+
+    // Keys fixed at start are refused with a warning; the rest applies.
+    let warnings = rt.set_allocator_settings("expandable_segments:True,page_size:1g");
+    assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].kind, alloc_conf::WarningKind::NotAtRunTime);
+    assert!(rt.allocator_settings(0).unwrap().expandable_segments);
+    assert!(rt.allocator_settings(1).unwrap().expandable_segments);
+    assert_eq!(rt.allocator_settings(1).unwrap().page_size, None);
+
+    for p in [a, b, c] {
+        rt.free(p).unwrap();
+    }
+    rt.empty_cache().unwrap();
+    assert_eq!(sim::device_bytes(&rt), 0);
+    for d in 0..2 {
+        let (pages, ranges) = rt
+            .with_device(d, |dev| (dev.live_pages(), dev.reserved_ranges().count()))
+            .unwrap();
+        assert_eq!((pages, ranges), (0, 0));
+    }
+}
+
+#[test]
+fn a_device_without_virtual_memory_runs_without_expandable_segments() {
+    let rt = sim::runtime_with(1, expandable_config(), |_| {
+        alloc_sim::SimDevice::new(256 * MIB).without_vmm()
+    });
+    let p = rt.malloc(8 * MIB, 0, S0).unwrap();
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+    assert_eq!(rt.device_stats(0).unwrap().segment.all.current, 1);
+    // Asking again probes again, and it stays off.
+    rt.set_allocator_settings("expandable_segments:True");
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+    rt.free(p).unwrap();
+}
