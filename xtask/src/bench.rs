@@ -17,6 +17,9 @@ pub(crate) struct Args {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+    /// Only the fragmentation report (replays of the shipped traces; no timing).
+    #[arg(long)]
+    fragmentation: bool,
 }
 
 /// Cached-block counts of the hit benches (`alloc-core/benches/pairs.rs`; the runtime's
@@ -239,7 +242,8 @@ fn print_table(cases: &[Case]) {
     }
 }
 
-/// Peak reserved and requested, device calls, for each shipped trace under two configs.
+/// Peak reserved and requested, device calls, for each shipped trace with and without
+/// expandable segments, at torch_npu's 32-byte pad and at CUDA's 0.
 fn fragmentation(json: bool) {
     let dir = PathBuf::from(alloc_trace::TRACES_DIR);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -250,8 +254,8 @@ fn fragmentation(json: bool) {
     if !json {
         println!();
         println!(
-            "{:<22} {:<26} {:>12} {:>12} {:>7} {:>8} {:>7}",
-            "trace", "config", "peak resv", "peak req", "ratio", "mallocs", "frees"
+            "{:<16} {:<26} {:>3} {:>12} {:>12} {:>7} {:>8} {:>7}",
+            "trace", "config", "pad", "peak resv", "peak req", "ratio", "mallocs", "frees"
         );
     }
     for file in files {
@@ -263,55 +267,70 @@ fn fragmentation(json: bool) {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         for extra in ["", "expandable_segments:True"] {
-            let base = trace.conf.clone().unwrap_or_default();
-            let text = match (base.is_empty(), extra.is_empty()) {
-                (_, true) => base.clone(),
-                (true, false) => extra.to_string(),
-                (false, false) => format!("{base},{extra}"),
-            };
-            let conf = alloc_conf::parse(&text).conf;
-            let setup = alloc_trace::Setup::from_trace(&trace, conf, None, None);
-            let Ok(r) = alloc_trace::replay(&trace, &setup) else {
-                continue;
-            };
-            let ratio = r.device_peak_bytes as f64 / r.peak_requested_bytes.max(1) as f64;
-            let label = if text.is_empty() {
-                "(defaults)".to_string()
-            } else {
-                text.clone()
-            };
-            let fallback = !r.notices.is_empty();
-            if json {
-                println!(
-                    "{}",
-                    json!({"trace": name, "config": label, "peak_reserved": r.device_peak_bytes,
-                           "peak_requested": r.peak_requested_bytes, "ratio": (ratio * 1000.0).round() / 1000.0,
-                           "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
-                           "notes": r.notices.iter().map(|n| n.to_string()).collect::<Vec<_>>()})
-                );
-            } else {
-                println!(
-                    "{:<22} {:<26} {:>12} {:>12} {:>7.3} {:>8} {:>7}{}",
-                    name,
-                    label,
-                    FormatSize(r.device_peak_bytes).to_string(),
-                    FormatSize(r.peak_requested_bytes).to_string(),
-                    ratio,
-                    r.device_mallocs,
-                    r.device_frees,
-                    if fallback {
-                        "  (expandable segments not implemented yet: ran as False)"
-                    } else {
-                        ""
-                    }
-                );
+            for pad in [32, 0] {
+                fragmentation_row(&trace, &name, extra, pad, json);
             }
         }
     }
 }
 
+/// One row of the fragmentation report: `trace` replayed with `extra` added to its config.
+fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u64, json: bool) {
+    let base = trace.conf.clone().unwrap_or_default();
+    let text = match (base.is_empty(), extra.is_empty()) {
+        (_, true) => base.clone(),
+        (true, false) => extra.to_string(),
+        (false, false) => format!("{base},{extra}"),
+    };
+    let conf = alloc_conf::parse(&text).conf;
+    let setup = alloc_trace::Setup::from_trace(trace, conf, None, Some(pad));
+    let Ok(r) = alloc_trace::replay(trace, &setup) else {
+        return;
+    };
+    let ratio = r.device_peak_bytes as f64 / r.peak_requested_bytes.max(1) as f64;
+    let label = if text.is_empty() {
+        "(defaults)".to_string()
+    } else {
+        text
+    };
+    let mut notes: Vec<String> = r.notices.iter().map(|n| n.to_string()).collect();
+    if !extra.is_empty() && !setup.conf.expandable_segments {
+        notes.push("conflicts with the trace's config: ran without expandable segments".into());
+    }
+    if json {
+        println!(
+            "{}",
+            json!({"trace": name, "config": label, "pad": pad,
+                   "peak_reserved": r.device_peak_bytes,
+                   "peak_requested": r.peak_requested_bytes,
+                   "ratio": (ratio * 1000.0).round() / 1000.0,
+                   "device_mallocs": r.device_mallocs, "device_frees": r.device_frees,
+                   "notes": notes})
+        );
+    } else {
+        println!(
+            "{:<16} {:<26} {:>3} {:>12} {:>12} {:>7.3} {:>8} {:>7}{}",
+            name,
+            label,
+            pad,
+            FormatSize(r.device_peak_bytes).to_string(),
+            FormatSize(r.peak_requested_bytes).to_string(),
+            ratio,
+            r.device_mallocs,
+            r.device_frees,
+            notes
+                .first()
+                .map_or(String::new(), |n| format!("  ({n})"))
+        );
+    }
+}
+
 /// Runs `cargo xtask bench`.
 pub(crate) fn run(args: Args) -> ExitCode {
+    if args.fragmentation {
+        fragmentation(args.json);
+        return ExitCode::SUCCESS;
+    }
     if !run_benches(args.quick) {
         eprintln!("cargo bench failed");
         return ExitCode::FAILURE;
