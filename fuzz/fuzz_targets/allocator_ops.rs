@@ -36,7 +36,7 @@ fn op(i: usize, ids: &[IdRef], [k, a, b, c]: [u8; 4]) -> OpKind {
     let (a64, b64, c64) = (u64::from(a), u64::from(b), u64::from(c));
     // The allocation of an earlier position (dropped by `well_formed` unless it fits).
     let earlier = ids[i.saturating_sub(1 + usize::from(a) % 64)];
-    match k % 13 {
+    match k % 14 {
         0..=2 => OpKind::Alloc {
             id: ids[i],
             size: if a & 1 == 0 {
@@ -78,6 +78,9 @@ fn op(i: usize, ids: &[IdRef], [k, a, b, c]: [u8; 4]) -> OpKind {
                 Fault::Error(i32::from(c))
             },
         },
+        12 => OpKind::Settings(
+            ["expandable_segments:True", "expandable_segments:False"][usize::from(a & 1)].into(),
+        ),
         _ => OpKind::Drain,
     }
 }

@@ -235,8 +235,12 @@ impl<D: Device> Allocator<D> {
     /// support they stay off and a notice is recorded. Returns whether expandable segments are on.
     pub fn set_conf(&mut self, conf: &AllocConf) -> bool {
         let was = self.conf.expandable_segments;
+        let max_split_changed = self.conf.max_split_size != conf.max_split_size;
         self.conf = conf.clone();
         self.stats.max_split_size = conf.max_split_size;
+        if max_split_changed {
+            self.recount_oversize();
+        }
         if conf.expandable_segments && !was && !self.probe_virtual_memory() {
             self.conf.expandable_segments = false;
         }
@@ -371,6 +375,31 @@ impl<D: Device> Allocator<D> {
     /// The device backend, mutably (for tests that complete events or inject faults).
     pub fn device_mut(&mut self) -> &mut D {
         &mut self.device
+    }
+
+    /// Sets the current oversize counts to what the blocks hold under the `max_split_size` now
+    /// in force, so that later frees and releases, which test sizes against it, keep them
+    /// exact (torch keeps the counts of the old limit, and they drift; docs/deviations.md).
+    fn recount_oversize(&mut self) {
+        let mut allocations = 0i64;
+        let mut segments = 0i64;
+        for &head in self.segments.values() {
+            let whole = !self.blocks[head].is_expandable();
+            let mut size = 0;
+            let mut next = Some(head);
+            while let Some(id) = next {
+                let b = &self.blocks[id];
+                allocations += i64::from(b.allocated && self.is_oversize(b.size));
+                size += b.size;
+                next = b.next;
+            }
+            segments += i64::from(whole && self.is_oversize(size));
+        }
+        let s = &mut self.stats;
+        s.oversize_allocations
+            .apply(allocations - s.oversize_allocations.current);
+        s.oversize_segments
+            .apply(segments - s.oversize_segments.current);
     }
 
     /// Whether a block of `size` bytes is oversize (≥ `max_split_size`).

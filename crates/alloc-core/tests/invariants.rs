@@ -20,6 +20,8 @@ fn confs() -> Vec<AllocConf> {
         conf("roundup_power2_divisions:4"),
         conf("garbage_collection_threshold:0.6"),
         conf("garbage_collection_threshold:0.6,per_process_memory_fraction:0.7"),
+        conf("expandable_segments:True"),
+        conf("expandable_segments:True,segment_size_mb:64"),
     ]
 }
 
@@ -28,9 +30,9 @@ proptest! {
 
     #[test]
     fn random_sequences_keep_every_invariant(
-        which in 0usize..5,
+        which in 0usize..7,
         pad in any::<bool>(),
-        trace in strategy::trace(strategy::api_op(), 300),
+        trace in strategy::trace(strategy::settings_op(), 300),
     ) {
         let setup = Setup {
             conf: confs()[which].clone(),

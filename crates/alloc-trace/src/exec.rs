@@ -934,6 +934,12 @@ impl Executor {
                     ));
                 }
                 let mut expected = before.stats.clone();
+                if expected.max_split_size != asked.max_split_size {
+                    // The oversize counts follow the new limit (recounted by the invariants).
+                    let now = self.alloc.stats();
+                    expected.oversize_allocations = now.oversize_allocations;
+                    expected.oversize_segments = now.oversize_segments;
+                }
                 expected.max_split_size = asked.max_split_size;
                 self.stats_are(&expected, "set_allocator_settings")?;
             }

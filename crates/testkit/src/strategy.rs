@@ -53,6 +53,15 @@ pub fn api_op() -> impl Strategy<Value = OpKind> {
     ]
 }
 
+/// An operation of the allocator's API or a run-time switch of expandable segments.
+pub fn settings_op() -> impl Strategy<Value = OpKind> {
+    prop_oneof![
+        30 => api_op(),
+        1 => prop::sample::select(vec!["expandable_segments:True", "expandable_segments:False"])
+            .prop_map(|s| OpKind::Settings(s.to_owned())),
+    ]
+}
+
 /// Any operation of the format, faults, misuse and the stats lines included.
 pub fn any_op() -> impl Strategy<Value = OpKind> {
     let fault = (
@@ -81,6 +90,8 @@ pub fn any_op() -> impl Strategy<Value = OpKind> {
         1 => fault,
         1 => misuse,
         1 => Just(OpKind::Drain),
+        1 => prop::sample::select(vec!["expandable_segments:True", "expandable_segments:False"])
+            .prop_map(|s| OpKind::Settings(s.to_owned())),
     ]
 }
 
