@@ -266,7 +266,14 @@ fn fragmentation(json: bool) {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        for extra in ["", "expandable_segments:True"] {
+        // Each trace as written, and with expandable segments switched the other way.
+        let own = alloc_conf::parse(trace.conf.as_deref().unwrap_or("")).conf;
+        let other = if own.expandable_segments {
+            "expandable_segments:False"
+        } else {
+            "expandable_segments:True"
+        };
+        for extra in ["", other] {
             for pad in [32, 0] {
                 fragmentation_row(&trace, &name, extra, pad, json);
             }
@@ -294,7 +301,7 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
         text
     };
     let mut notes: Vec<String> = r.notices.iter().map(|n| n.to_string()).collect();
-    if !extra.is_empty() && !setup.conf.expandable_segments {
+    if extra.ends_with("True") && !setup.conf.expandable_segments {
         notes.push("conflicts with the trace's config: ran without expandable segments".into());
     }
     if json {
@@ -318,9 +325,7 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
             ratio,
             r.device_mallocs,
             r.device_frees,
-            notes
-                .first()
-                .map_or(String::new(), |n| format!("  ({n})"))
+            notes.first().map_or(String::new(), |n| format!("  ({n})"))
         );
     }
 }
