@@ -8,9 +8,23 @@ use alloc::vec::Vec;
 
 use crate::size::PoolKind;
 
-/// Index of an expandable segment in the allocator's table (`expandable`).
+/// Index of an expandable segment in the allocator's table (`expandable`), stored plus one so
+/// that `Option<VmId>` takes four bytes of the block record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct VmId(pub(crate) u32);
+pub(crate) struct VmId(core::num::NonZeroU32);
+
+impl VmId {
+    /// The id of table slot `index`.
+    pub(crate) fn new(index: usize) -> VmId {
+        let n = u32::try_from(index + 1).expect("fewer than 2^32 - 1 expandable segments");
+        VmId(core::num::NonZeroU32::new(n).expect("index + 1 is not 0"))
+    }
+
+    /// The table slot.
+    pub(crate) fn index(self) -> usize {
+        self.0.get() as usize - 1
+    }
+}
 
 /// Index of a block record in the slab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -228,8 +228,8 @@ impl<D: Device> Allocator<D> {
                 self.expandable.len() - 1
             }
         };
-        let vm = VmId(u32::try_from(vm).expect("fewer than 2^32 expandable segments"));
-        self.expandable[vm.0 as usize] = Some(ExpandableSegment {
+        let vm = VmId::new(vm);
+        self.expandable[vm.index()] = Some(ExpandableSegment {
             base,
             size: bytes,
             page,
@@ -247,7 +247,7 @@ impl<D: Device> Allocator<D> {
     }
 
     fn segment(&self, vm: VmId) -> &ExpandableSegment<D::Page> {
-        self.expandable[vm.0 as usize]
+        self.expandable[vm.index()]
             .as_ref()
             .expect("a block's expandable segment is live")
     }
@@ -308,7 +308,7 @@ impl<D: Device> Allocator<D> {
     /// them in order. Returns how many pages from `begin` on are mapped, and the error that
     /// stopped it. A failed creation releases every page this call created.
     fn map_pages(&mut self, vm: VmId, begin: u64, end: u64) -> (u64, Option<VmmError<D::Error>>) {
-        let seg = self.expandable[vm.0 as usize]
+        let seg = self.expandable[vm.index()]
             .as_mut()
             .expect("a block's expandable segment is live");
         let (page, base) = (seg.page, seg.base);
@@ -442,7 +442,7 @@ impl<D: Device> Allocator<D> {
         if let Err(e) = self.device.synchronize() {
             return (0, Some(VmmError::Other(e)));
         }
-        let seg = self.expandable[vm.0 as usize]
+        let seg = self.expandable[vm.index()]
             .as_mut()
             .expect("a block's expandable segment is live");
         let (page, base) = (seg.page, seg.base);
@@ -479,7 +479,7 @@ impl<D: Device> Allocator<D> {
         self.segments.remove(&addr);
         self.unindex(id);
         self.blocks.remove(id);
-        self.expandable[vm.0 as usize] = None;
+        self.expandable[vm.index()] = None;
         self.live_expandable -= 1;
         Ok(())
     }

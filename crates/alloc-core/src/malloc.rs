@@ -104,6 +104,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
+    #[inline]
     pub(crate) fn get_free_block(&mut self, req: &Request<D::Stream>) -> Option<BlockId> {
         let gc = self.gc_enabled();
         if self.live_expandable > 0 {
@@ -123,6 +124,7 @@ impl<D: Device> Allocator<D> {
     /// expandable segments on, a block that can grow into the unmapped space after it counts as
     /// that much larger, so best fit walks on while the next block is smaller by that measure;
     /// with them off, blocks of expandable segments are passed over.
+    #[inline(never)]
     fn get_free_block_expandable(&mut self, req: &Request<D::Stream>, gc: bool) -> Option<BlockId> {
         let pool = &mut self.pools[pool_index(req.pool)];
         if gc {

@@ -30,6 +30,7 @@ pub fn should_split(
 
 impl<D: Device> Allocator<D> {
     /// Splits `id` if torch would, marks the front allocated and updates the stats.
+    #[inline]
     pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request<D::Stream>) -> u64 {
         let id = if self.conf.expandable_segments && req.size >= ROUND_LARGE {
             self.align_base(id, req.size)
@@ -102,6 +103,8 @@ impl<D: Device> Allocator<D> {
     /// multiple of the alignment starts at the next multiple instead, if it still fits; the bytes
     /// skipped stay behind as a free block (not merged with a free block before it, its GC age
     /// kept). Returns the block to allocate from.
+    #[cold]
+    #[inline(never)]
     fn align_base(&mut self, id: BlockId, size: u64) -> BlockId {
         let align = self.conf.base_addr_aligned;
         let block = &self.blocks[id];
@@ -146,6 +149,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
+    #[inline]
     pub(crate) fn free_block(&mut self, id: BlockId) {
         let block = &self.blocks[id];
         let (pool, original_size, requested) = (block.pool, block.size, block.requested);
@@ -180,6 +184,8 @@ impl<D: Device> Allocator<D> {
     /// torch's `try_merge_blocks`: folds the neighbour of `id` (the one above if `next`, else the
     /// one below) into it if that neighbour is idle and mapped alike, taking it out of its pool
     /// set. Returns the merged block's id (the lower one's) and the bytes taken in.
+    // Always inlined: `next` is a constant at every call, and the free path is hot.
+    #[inline(always)]
     pub(crate) fn try_merge(&mut self, id: BlockId, next: bool) -> Option<(BlockId, u64)> {
         let block = &self.blocks[id];
         let other = if next { block.next } else { block.prev }?;
