@@ -16,9 +16,10 @@
 //! Handle safety: events, streams and physical-memory handles are host pointers to runtime
 //! objects, so they travel as [`Event`], [`Stream`] and [`PhysicalMem`], which only this crate
 //! creates (or an `unsafe fn from_raw`); the event and physical handles are consumed by their
-//! destroy calls. Device addresses ([`DevicePtr`], from malloc and reserve) are never
-//! dereferenced by the host: the runtime validates them and an invalid one gives an error
-//! code, so the calls that take them are safe functions.
+//! destroy calls (a failed [`Lib::free_physical`] hands its handle back). Device addresses
+//! ([`DevicePtr`], from malloc and reserve) are never dereferenced by the host: the runtime
+//! validates them and an invalid one gives an error code, so the calls that take them are safe
+//! functions.
 
 use core::ffi::{CStr, c_char, c_void};
 use core::fmt;
@@ -271,7 +272,7 @@ impl fmt::Debug for Stream {
 }
 
 /// A physical memory handle from [`Lib::malloc_physical`]; give it back with
-/// [`Lib::free_physical`] (dropping it leaks the memory).
+/// [`Lib::free_physical`] (dropping it leaks the memory; a failed free returns it).
 #[derive(PartialEq, Eq, Hash)]
 pub struct PhysicalMem(RawDrvMemHandle);
 
@@ -726,13 +727,25 @@ impl Lib {
         non_null("aclrtMallocPhysical", handle).map(PhysicalMem)
     }
 
-    /// `aclrtFreePhysical(handle)` (optional, VMM). Unmap it first. On failure the handle is
-    /// lost.
-    pub fn free_physical(&self, handle: PhysicalMem) -> Result<()> {
-        let f = optional!(self.aclrtFreePhysical);
-        // SAFETY: the handle is live and, being moved in, never used again.
+    /// `aclrtFreePhysical(handle)` (optional, VMM). Unmap it first.
+    ///
+    /// On failure (a status other than 0, or the symbol missing) the handle comes back with the
+    /// error: ACL did not free it, so it is still live and the caller still owns it.
+    pub fn free_physical(&self, handle: PhysicalMem) -> Result<(), (PhysicalMem, AclError)> {
+        let Some(f) = self.functions.aclrtFreePhysical else {
+            let error = AclError::Unsupported {
+                symbol: "aclrtFreePhysical",
+            };
+            return Err((handle, error));
+        };
+        // SAFETY: the handle is live by its type's contract. On success ACL has freed it and,
+        // moved in, it is never used again; on failure ACL did not free it and it goes back to
+        // the caller.
         let code = unsafe { f(handle.0) };
-        self.check("aclrtFreePhysical", code)
+        match self.check("aclrtFreePhysical", code) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((handle, e)),
+        }
     }
 
     /// `aclrtMapMem(va, size, offset, handle, 0)` (optional, VMM): backs `size` bytes at `va`

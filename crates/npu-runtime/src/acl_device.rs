@@ -14,17 +14,30 @@
 //!   `aclrtQueryEvent` (COMPLETE = 0) on libraries without it.
 //! - `mem_info` is `aclrtGetMemInfo(ACL_HBM_MEM)`; a failure reads as "unknown", which turns
 //!   GC off (`alloc-core`'s `Notice::GcWithoutMemInfo`).
+//! - Virtual memory (expandable segments) is torch_npu's: `aclrtReserveMemAddress(size,
+//!   alignment 0, expectPtr NULL, flags 1)`; pages are `aclrtMallocPhysical` of pinned device
+//!   memory, `ACL_HBM_MEM_HUGE`, or `ACL_HBM_MEM_HUGE1G` for a page of exactly 1 GiB, retried
+//!   once with `ACL_HBM_MEM_HUGE` when that fails (warned once); `aclrtMapMem(va, size, 0, page,
+//!   0)`, `aclrtUnmapMem(va)`, `aclrtFreePhysical`, `aclrtReleaseMemAddress(va)`. A missing
+//!   symbol or 207000 is [`VmmError::Unsupported`], 207001 from `aclrtMallocPhysical` is
+//!   [`VmmError::OutOfMemory`], anything else is [`VmmError::Other`]; a page whose free fails
+//!   goes back to the caller.
 
 use std::cell::Cell;
 use std::path::Path;
 
-use acl_sys::{AclError, DevicePtr, Event, EventFlags, Lib, MemAttr, MemMallocPolicy};
-use alloc_core::{Device, DeviceError, DeviceFacts, MemInfo};
+use acl_sys::{
+    ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_MEMORY_ALLOCATION, AclError, DevicePtr, Event,
+    EventFlags, Lib, MemAttr, MemMallocPolicy, PhysicalMem, PhysicalMemProp,
+    RESERVE_MEM_FLAG_COMPAT,
+};
+use alloc_core::{Device, DeviceError, DeviceFacts, MemInfo, VmmError};
 
 use crate::api::{NpuAllocator, Runtime};
 use crate::config::Config;
 use crate::sync::Arc;
 use crate::sync::global::{AtomicU64, Ordering};
+use crate::warn_once::warn_once;
 
 thread_local! {
     /// The (platform id, device) this thread last bound with `aclrtSetDevice`.
@@ -219,6 +232,59 @@ fn device_ptr(addr: u64) -> Result<DevicePtr, AclError> {
     })
 }
 
+/// The page size that torch_npu backs with 1 GiB pages (`kExtraLargeBuffer`, `page_size:1g`).
+const HUGE1G_PAGE: u64 = 1 << 30;
+
+/// torch_npu's warning when a 1 GiB page falls back to 2 MiB pages (`AclrtMallocPhysical`).
+const HUGE1G_FALLBACK_WARNING: &str = concat!(
+    "The malloc 1G large-page physical memory failed, so malloc 2M page memory. ",
+    "Using the 2M memory page may result in performance degradation. ",
+    "This warning occurs because the PYTORCH_NPU_ALLOC_CONF = page_size:1g configuration is ",
+    "enabled, but the pre-allocated number of 1G large pages is insufficient or 1G large-page ",
+    "memory pre-allocation is not enabled."
+);
+
+/// A failed VMM call: a missing symbol or a "not supported" status (207000, 200001, 200006) is
+/// [`VmmError::Unsupported`], anything else [`VmmError::Other`].
+fn vmm_error(e: AclError) -> VmmError<AclError> {
+    if e.is_unsupported() {
+        VmmError::Unsupported
+    } else {
+        VmmError::Other(e)
+    }
+}
+
+/// A failed `aclrtMallocPhysical`: 207001 is out of memory (torch_npu's
+/// `ExpandableSegment::map` checks exactly that code), the rest as [`vmm_error`].
+fn page_error(e: AclError) -> VmmError<AclError> {
+    if e.code() == Some(ACL_ERROR_RT_MEMORY_ALLOCATION) {
+        VmmError::OutOfMemory
+    } else {
+        vmm_error(e)
+    }
+}
+
+/// An argument refused before ACL is called (a size past `size_t`, address 0), with the code
+/// ACL gives a bad argument.
+fn refused(function: &'static str, what: String) -> VmmError<AclError> {
+    VmmError::Other(AclError::from_code(
+        function,
+        ACL_ERROR_INVALID_PARAM,
+        Some(format!("npu-runtime: {what}")),
+    ))
+}
+
+/// `bytes` as a `size_t` for `function`.
+fn vmm_size(function: &'static str, bytes: u64) -> Result<usize, VmmError<AclError>> {
+    usize::try_from(bytes).map_err(|_| refused(function, format!("{bytes} bytes exceed size_t")))
+}
+
+/// `addr` as a device address for `function` (never 0).
+fn vmm_ptr(function: &'static str, addr: u64) -> Result<DevicePtr, VmmError<AclError>> {
+    DevicePtr::from_addr(addr)
+        .ok_or_else(|| refused(function, format!("{addr:#x} is not a device address")))
+}
+
 /// One ACL device as `alloc-core` drives it: the platform, the device index and its event pool.
 pub struct AclDevice {
     platform: AclPlatform,
@@ -247,7 +313,7 @@ impl Device for AclDevice {
     type Stream = Stream;
     type Event = Event;
     type Error = AclError;
-    type Page = core::convert::Infallible;
+    type Page = PhysicalMem;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<AclError>> {
         let p = &self.platform;
@@ -308,6 +374,76 @@ impl Device for AclDevice {
         self.platform.bind(self.index)?;
         self.platform.lib.synchronize_device()
     }
+
+    /// `aclrtReserveMemAddress(&va, bytes, 0, NULL, 1)`, as torch_npu reserves.
+    fn reserve_address(&mut self, bytes: u64) -> Result<u64, VmmError<AclError>> {
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        let size = vmm_size("aclrtReserveMemAddress", bytes)?;
+        p.lib
+            .reserve_mem_address(size, 0, RESERVE_MEM_FLAG_COMPAT)
+            .map(DevicePtr::addr)
+            .map_err(vmm_error)
+    }
+
+    /// `aclrtReleaseMemAddress(va)`: ACL takes the start only.
+    fn release_address(&mut self, addr: u64, _bytes: u64) -> Result<(), VmmError<AclError>> {
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        let va = vmm_ptr("aclrtReleaseMemAddress", addr)?;
+        p.lib.release_mem_address(va).map_err(vmm_error)
+    }
+
+    /// `aclrtMallocPhysical(&handle, bytes, prop, 0)` of pinned memory on this device:
+    /// `ACL_HBM_MEM_HUGE`, or `ACL_HBM_MEM_HUGE1G` for a 1 GiB page, which is retried once with
+    /// `ACL_HBM_MEM_HUGE` when it fails (torch_npu's `AclrtMallocPhysical`, warned once).
+    fn create_page(&mut self, bytes: u64) -> Result<PhysicalMem, VmmError<AclError>> {
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        // No page that size can exist, as in `malloc`.
+        let size = usize::try_from(bytes).map_err(|_| VmmError::OutOfMemory)?;
+        let huge = PhysicalMemProp::device(self.index, MemAttr::HBM_MEM_HUGE);
+        if bytes != HUGE1G_PAGE {
+            return p.lib.malloc_physical(size, &huge).map_err(page_error);
+        }
+        let huge1g = PhysicalMemProp::device(self.index, MemAttr::HBM_MEM_HUGE1G);
+        match p.lib.malloc_physical(size, &huge1g) {
+            // torch_npu retries on any failed status; a missing symbol never reached ACL.
+            Err(AclError::Code { .. }) => {
+                warn_once(HUGE1G_FALLBACK_WARNING);
+                p.lib.malloc_physical(size, &huge).map_err(page_error)
+            }
+            result => result.map_err(page_error),
+        }
+    }
+
+    /// `aclrtFreePhysical(handle)`; on failure the page comes back.
+    fn release_page(&mut self, page: PhysicalMem) -> Result<(), (PhysicalMem, VmmError<AclError>)> {
+        let p = &self.platform;
+        if let Err(e) = p.bind(self.index) {
+            return Err((page, vmm_error(e)));
+        }
+        p.lib
+            .free_physical(page)
+            .map_err(|(page, e)| (page, vmm_error(e)))
+    }
+
+    /// `aclrtMapMem(va, bytes, 0, handle, 0)`.
+    fn map(&mut self, addr: u64, bytes: u64, page: &PhysicalMem) -> Result<(), VmmError<AclError>> {
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        let va = vmm_ptr("aclrtMapMem", addr)?;
+        let size = vmm_size("aclrtMapMem", bytes)?;
+        p.lib.map_mem(va, size, 0, page).map_err(vmm_error)
+    }
+
+    /// `aclrtUnmapMem(va)`: ACL takes the start of the mapping only.
+    fn unmap(&mut self, addr: u64, _bytes: u64) -> Result<(), VmmError<AclError>> {
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        let va = vmm_ptr("aclrtUnmapMem", addr)?;
+        p.lib.unmap_mem(va).map_err(vmm_error)
+    }
 }
 
 impl Drop for AclDevice {
@@ -337,5 +473,70 @@ impl NpuAllocator {
     ) -> Result<NpuAllocator, AclError> {
         // SAFETY: forwarded to the caller.
         Ok(unsafe { AclPlatform::load(path) }?.runtime(config))
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use testkit::fake_acl::{FakeAcl, Variant};
+
+    #[test]
+    fn devices_and_pages_cross_threads() {
+        fn send<T: Send>() {}
+        fn sync<T: Sync>() {}
+        send::<AclDevice>();
+        send::<PhysicalMem>();
+        sync::<PhysicalMem>();
+    }
+
+    #[test]
+    fn vmm_errors_are_classified_as_torch_npu_does() {
+        let code = |c| AclError::from_code("aclrtMallocPhysical", c, None);
+        assert_eq!(page_error(code(207_001)), VmmError::OutOfMemory);
+        assert_eq!(vmm_error(code(207_001)), VmmError::Other(code(207_001)));
+        // Only 207001 is out of memory here: torch_npu's map path checks that code alone.
+        assert_eq!(page_error(code(207_018)), VmmError::Other(code(207_018)));
+        for c in [207_000, 200_001, 200_006] {
+            assert_eq!(page_error(code(c)), VmmError::Unsupported, "{c}");
+            assert_eq!(vmm_error(code(c)), VmmError::Unsupported, "{c}");
+        }
+        let missing = AclError::Unsupported {
+            symbol: "aclrtMapMem",
+        };
+        assert_eq!(vmm_error(missing.clone()), VmmError::Unsupported);
+        assert_eq!(page_error(missing), VmmError::Unsupported);
+        assert_eq!(vmm_error(code(507_899)), VmmError::Other(code(507_899)));
+    }
+
+    #[test]
+    fn address_zero_is_refused_before_acl() {
+        match vmm_ptr("aclrtUnmapMem", 0) {
+            Err(VmmError::Other(e)) => {
+                assert_eq!(e.code(), Some(ACL_ERROR_INVALID_PARAM));
+                assert_eq!(
+                    e.to_string(),
+                    "aclrtUnmapMem failed with ACL error 100000 (ACL_ERROR_INVALID_PARAM): \
+                     npu-runtime: 0x0 is not a device address"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(vmm_size("aclrtMapMem", 2 << 20), Ok(2 << 20));
+    }
+
+    #[test]
+    fn a_failed_1g_page_falls_back_to_2m_pages_and_warns_once() {
+        let fake = FakeAcl::new(Variant::Full, 4 << 30, 1);
+        // SAFETY: the fake libascendcl built from this workspace.
+        let platform = unsafe { AclPlatform::load(fake.path()) }.unwrap();
+        let mut device = platform.open(0).unwrap();
+        fake.fail_next("aclrtMallocPhysical", 207_001, 1);
+        let page = device.create_page(HUGE1G_PAGE).unwrap();
+        assert_eq!(fake.calls("aclrtMallocPhysical"), 2);
+        // The fallback logged torch_npu's warning; it is not logged a second time.
+        assert!(!warn_once(HUGE1G_FALLBACK_WARNING));
+        device.release_page(page).map_err(|(_, e)| e).unwrap();
+        assert_eq!(fake.live_pages(0), 0);
     }
 }

@@ -73,7 +73,10 @@ fn set_allocator_settings_switches_expandable_segments_on_every_device() {
     assert!(snapshot[0].is_expandable);
     assert_eq!(rt.device_stats(0).unwrap().segment.all.current, 0);
 
-    assert!(rt.set_allocator_settings("expandable_segments:False").is_empty());
+    assert!(
+        rt.set_allocator_settings("expandable_segments:False")
+            .is_empty()
+    );
     assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
     assert!(!rt.allocator_settings(1).unwrap().expandable_segments);
     // The free 12 MiB of the expandable page is passed over: a 20 MiB device segment.

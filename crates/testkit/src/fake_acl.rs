@@ -4,8 +4,10 @@
 //! loaded libraries by file, and each copy has its own statics) and tests can run in parallel.
 //!
 //! [`FakeAcl`] also reaches the fake's test-only controls (`fake_acl_*`): counters, injected
-//! failures, event completion, the bytes in use. This is an FFI edge: each control is a C
-//! function called through `libloading`, with its exact signature.
+//! failures, event completion, the bytes in use, the pages, mappings and reserved ranges alive.
+//! [`Variant`] picks the build: full, legacy CANN, or without the virtual-memory symbols. This
+//! is an FFI edge: each control is a C function called through `libloading`, with its exact
+//! signature.
 #![allow(unsafe_code)]
 
 use std::ffi::{CString, c_char};
@@ -23,6 +25,16 @@ pub enum Variant {
     Full,
     /// Without `aclrtMallocAlign32` and `aclrtQueryEventStatus` (feature `legacy-cann`).
     Legacy,
+    /// Without the virtual-memory symbols (feature `no-vmm`): `aclrtReserveMemAddress`,
+    /// `aclrtReleaseMemAddress`, `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`,
+    /// `aclrtUnmapMem` and `aclrtMemGetAllocationGranularity` are not in the library at all.
+    ///
+    /// A CANN older than virtual memory lacks these names, and `acl-sys` tells that apart from a
+    /// driver that refuses the calls (207000) only by `dlsym` failing. Injected failures cannot
+    /// fake a missing symbol, so this build leaves the functions out (`#[cfg]` in the fake's
+    /// source) rather than patching names in a copied file: the symbols are truly absent from
+    /// `.dynsym`, and everything else is the same code as [`Variant::Full`].
+    NoVmm,
 }
 
 /// The target directory the running executable was built into: the parent of its profile
@@ -43,15 +55,13 @@ fn target_dir() -> PathBuf {
 pub fn built(variant: Variant) -> &'static Path {
     static FULL: OnceLock<PathBuf> = OnceLock::new();
     static LEGACY: OnceLock<PathBuf> = OnceLock::new();
-    let cell = match variant {
-        Variant::Full => &FULL,
-        Variant::Legacy => &LEGACY,
+    static NO_VMM: OnceLock<PathBuf> = OnceLock::new();
+    let (cell, name, features) = match variant {
+        Variant::Full => (&FULL, "full", None),
+        Variant::Legacy => (&LEGACY, "legacy", Some("legacy-cann")),
+        Variant::NoVmm => (&NO_VMM, "no-vmm", Some("no-vmm")),
     };
     cell.get_or_init(|| {
-        let name = match variant {
-            Variant::Full => "full",
-            Variant::Legacy => "legacy",
-        };
         // Its own target directory: no wait on the lock of the `cargo test` that runs us.
         let dir = target_dir().join("fake-ascendcl").join(name);
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
@@ -60,8 +70,8 @@ pub fn built(variant: Variant) -> &'static Path {
         cmd.current_dir(&workspace)
             .args(["build", "--quiet", "-p", "fake-ascendcl", "--target-dir"])
             .arg(&dir);
-        if variant == Variant::Legacy {
-            cmd.args(["--features", "legacy-cann"]);
+        if let Some(features) = features {
+            cmd.args(["--features", features]);
         }
         let status = cmd.status().expect("run cargo build -p fake-ascendcl");
         assert!(
@@ -188,27 +198,67 @@ impl FakeAcl {
         self.per_device("fake_acl_used", device)
     }
 
-    /// Live device allocations on `device`.
+    /// Live device allocations on `device` (`aclrtMalloc*`; pages are counted apart).
     pub fn live_allocations(&self, device: u32) -> u64 {
         self.per_device("fake_acl_live_allocations", device)
     }
 
-    /// The ACL calls since the last [`FakeAcl::clear_log`].
-    pub fn log(&self) -> Vec<String> {
+    /// Physical pages (`aclrtMallocPhysical`) alive on `device`.
+    pub fn live_pages(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_live_pages", device)
+    }
+
+    /// Bytes of the physical pages alive on `device` (also in [`FakeAcl::used`]).
+    pub fn page_bytes(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_page_bytes", device)
+    }
+
+    /// Mappings (`aclrtMapMem`) alive in `device`'s reserved ranges.
+    pub fn mappings(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_mappings", device)
+    }
+
+    /// Bytes mapped in `device`'s reserved ranges.
+    pub fn mapped_bytes(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_mapped_bytes", device)
+    }
+
+    /// Reserved ranges (`aclrtReserveMemAddress`) alive on `device`.
+    pub fn reserved_ranges(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_reserved_ranges", device)
+    }
+
+    /// Bytes of the reserved ranges alive on `device` (address space, not charged).
+    pub fn reserved_bytes(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_reserved_bytes", device)
+    }
+
+    /// One of the fake's `size_t f(uint8_t *buf, size_t len)` text controls, split at `sep`.
+    fn text(&self, name: &str, sep: char) -> Vec<String> {
         // SAFETY: the fake's signature; a null buffer only asks for the length.
-        let f = unsafe {
-            self.sym::<unsafe extern "C" fn(*mut u8, usize) -> usize>("fake_acl_call_log")
-        };
+        let f = unsafe { self.sym::<unsafe extern "C" fn(*mut u8, usize) -> usize>(name) };
         // SAFETY: as above.
         let len = unsafe { f(std::ptr::null_mut(), 0) };
         let mut buf = vec![0u8; len];
         // SAFETY: `buf` is writable for `len` bytes.
         unsafe { f(buf.as_mut_ptr(), len) };
         let text = String::from_utf8(buf).unwrap();
-        text.split(',')
+        text.split(sep)
             .filter(|s| !s.is_empty())
             .map(str::to_owned)
             .collect()
+    }
+
+    /// The ACL calls since the last [`FakeAcl::clear_log`].
+    pub fn log(&self) -> Vec<String> {
+        self.text("fake_acl_call_log", ',')
+    }
+
+    /// [`FakeAcl::log`] with the arguments of `aclrtSetDevice` and the VMM calls, e.g.
+    /// `aclrtMapMem(virPtr=0x800000000000, size=2097152, offset=0, handle=0x90000010, flags=0)`;
+    /// other calls are bare names.
+    pub fn call_details(&self) -> Vec<String> {
+        self.text("fake_acl_call_details", '\n')
     }
 
     /// Empties the call log.

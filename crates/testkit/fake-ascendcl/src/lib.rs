@@ -14,16 +14,27 @@
 //! - events complete only when a test says so ([`fake_acl_complete_all_events`]) or when the
 //!   host waits for them (`aclrtSynchronizeEvent`, `aclrtSynchronizeDevice`); an event never
 //!   recorded is not complete (torch_npu's `aclrtQueryEventStatus` polarity, COMPLETE = 1);
+//! - virtual memory (expandable segments): `aclrtReserveMemAddress` hands out ranges of device
+//!   `d` from `0x8000_0000_0000 + d << 40`, apart from the segments; `aclrtMallocPhysical` pages
+//!   count against the same capacity as `aclrtMalloc` (and in `aclrtGetMemInfo`); every map,
+//!   unmap and release is checked against the ranges, pages and mappings alive;
 //! - injectable error codes ([`fake_acl_fail_next`]), per-symbol call counters
-//!   ([`fake_acl_calls`]) and an ordered call log ([`fake_acl_call_log`]).
+//!   ([`fake_acl_calls`]), an ordered call log ([`fake_acl_call_log`]) and the same log with the
+//!   arguments of the VMM calls and `aclrtSetDevice` ([`fake_acl_call_details`]).
 //!
 //! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32` and
-//! `aclrtQueryEventStatus`, like an old CANN, so the runtime's fallbacks can be tested.
+//! `aclrtQueryEventStatus`, like an old CANN, so the runtime's fallbacks can be tested. With the
+//! `no-vmm` feature it lacks the VMM symbols (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
+//! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
+//! `aclrtMemGetAllocationGranularity`), like a CANN older than virtual memory: `dlsym` of them
+//! fails, so the runtime's "unsupported" path is the real one.
 //!
 //! Everything is std-only and lives behind one global mutex. No function here unwinds: state is
 //! recovered from a poisoned lock and nothing else panics.
 #![allow(non_snake_case)]
 #![warn(clippy::undocumented_unsafe_blocks)]
+// Without the VMM symbols their bookkeeping has no caller.
+#![cfg_attr(feature = "no-vmm", allow(dead_code))]
 
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -44,6 +55,19 @@ const ACL_ERROR_RT_CONTEXT_NULL: AclCode = 107_002;
 const ACL_ERROR_RT_INVALID_HANDLE: AclCode = 107_017;
 const ACL_ERROR_RT_MEMORY_ALLOCATION: AclCode = 207_001;
 
+/// `aclrtPhysicalMemProp` values the fake accepts: `ACL_MEM_HANDLE_TYPE_NONE`,
+/// `ACL_MEM_ALLOCATION_TYPE_PINNED`, `ACL_MEM_LOCATION_TYPE_DEVICE`.
+const HANDLE_TYPE_NONE: u32 = 0;
+const ALLOCATION_TYPE_PINNED: u32 = 0;
+const LOCATION_TYPE_DEVICE: u32 = 1;
+/// `aclrtMemAttr` kinds of device memory with 2 MiB pages: `ACL_HBM_MEM_HUGE`,
+/// `ACL_HBM_MEM_NORMAL` (allocated as huge pages, CANN says), `ACL_MEM_NORMAL`, `ACL_MEM_HUGE`.
+const MEM_ATTRS_2M: [u32; 4] = [4, 5, 12, 13];
+/// `ACL_HBM_MEM_HUGE1G`, `ACL_MEM_HUGE1G`: 1 GiB pages.
+const MEM_ATTRS_1G: [u32; 2] = [10, 14];
+/// `ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM` and `_RECOMMENDED`.
+const GRANULARITY_OPTIONS: [u32; 2] = [0, 1];
+
 /// `ACL_HBM_MEM`, the attribute torch_npu passes to `aclrtGetMemInfo`.
 const ACL_HBM_MEM: u32 = 1;
 /// `ACL_EVENT_RECORDED_STATUS_COMPLETE` / `_NOT_READY`.
@@ -60,6 +84,12 @@ const DEFAULT_DEVICES: u32 = 1;
 const BASE_ADDRESS: u64 = 0x1000_0000_0000;
 const DEVICE_STRIDE: u64 = 1 << 40;
 const SEGMENT_ALIGNMENT: u64 = 2 << 20;
+/// Device `d`'s reserved ranges lie in `[VIRTUAL_BASE + d << 40, VIRTUAL_BASE + (d + 1) << 40)`.
+const VIRTUAL_BASE: u64 = 0x8000_0000_0000;
+/// Ranges of 1 GiB or more start on a 1 GiB boundary, smaller ones on 2 MiB (CANN aligns a
+/// range of over 1 GiB to 1 GiB).
+const HUGE1G: u64 = 1 << 30;
+const PAGE_BASE: usize = 0x9000_0000;
 const EVENT_BASE: usize = 0xE000_0000;
 const STREAM_BASE: usize = 0x5000_0000;
 const OOM_MESSAGE: &str =
@@ -68,10 +98,28 @@ const OOM_MESSAGE: &str =
 /// One simulated device.
 #[derive(Default)]
 struct Dev {
-    /// Bytes charged by live allocations.
+    /// Bytes charged by live allocations and physical pages.
     used: u64,
     /// Live allocations: address → charged size.
     allocations: BTreeMap<u64, u64>,
+    /// Reserved virtual ranges: start → size.
+    ranges: BTreeMap<u64, u64>,
+    /// Mappings inside this device's ranges: start → (page handle, size).
+    mappings: BTreeMap<u64, (usize, u64)>,
+    /// Bytes mapped in this device's ranges.
+    mapped_bytes: u64,
+    /// Physical pages on this device (`location.id`), and their bytes.
+    live_pages: u64,
+    page_bytes: u64,
+}
+
+/// One physical page (`aclrtDrvMemHandle`).
+struct Page {
+    /// The device it lives on (`location.id`).
+    device: usize,
+    size: u64,
+    /// Where it is mapped, if it is.
+    mapped_at: Option<u64>,
 }
 
 /// One event handle.
@@ -92,8 +140,12 @@ struct State {
     next_event: usize,
     streams: Vec<usize>,
     next_stream: usize,
+    pages: HashMap<usize, Page>,
+    next_page: usize,
     calls: HashMap<&'static str, u64>,
     log: Vec<&'static str>,
+    /// The log with arguments where a call records them.
+    details: Vec<String>,
     failures: HashMap<String, VecDeque<AclCode>>,
     /// What `aclrtGetDeviceCount` reports instead of the real count (a broken library).
     reported_devices: Option<u32>,
@@ -110,8 +162,11 @@ impl State {
             next_event: 0,
             streams: Vec::new(),
             next_stream: 0,
+            pages: HashMap::new(),
+            next_page: 0,
             calls: HashMap::new(),
             log: Vec::new(),
+            details: Vec::new(),
             failures: HashMap::new(),
             reported_devices: None,
         }
@@ -130,10 +185,15 @@ impl State {
         State::new(capacity, devices, 0)
     }
 
-    /// Counts and logs a call of `name`, and returns an injected failure if one is due.
-    fn enter(&mut self, name: &'static str) -> Option<AclCode> {
+    /// Counts and logs a call of `name` (with `args` in the detailed log, if any), and returns
+    /// an injected failure if one is due.
+    fn enter(&mut self, name: &'static str, args: Option<String>) -> Option<AclCode> {
         *self.calls.entry(name).or_insert(0) += 1;
         self.log.push(name);
+        self.details.push(match args {
+            Some(args) => format!("{name}({args})"),
+            None => name.to_owned(),
+        });
         let code = self.failures.get_mut(name)?.pop_front();
         if let Some(code) = code {
             set_error_message(Some(&format!("fake_acl: injected error {code} in {name}")));
@@ -185,6 +245,131 @@ impl State {
         dev.used += charged;
         Ok(addr)
     }
+
+    /// Reserves `size` bytes of `device`'s virtual region at the lowest free address (2 MiB
+    /// aligned, 1 GiB from 1 GiB up); a range that does not fit is 207001.
+    fn reserve(&mut self, device: i32, size: u64) -> Result<u64, AclCode> {
+        let no_room = || {
+            set_error_message(Some(&format!(
+                "fake_acl: no virtual address range of {size} bytes left"
+            )));
+            Err(ACL_ERROR_RT_MEMORY_ALLOCATION)
+        };
+        let region = (device as u64)
+            .checked_mul(DEVICE_STRIDE)
+            .and_then(|offset| VIRTUAL_BASE.checked_add(offset));
+        let Some(start) = region else {
+            return no_room();
+        };
+        let Some(limit) = start.checked_add(DEVICE_STRIDE) else {
+            return no_room();
+        };
+        let alignment = if size >= HUGE1G {
+            HUGE1G
+        } else {
+            SEGMENT_ALIGNMENT
+        };
+        let dev = self.device_mut(device);
+        let mut addr = start;
+        for (&range, &len) in &dev.ranges {
+            if addr.checked_add(size).is_some_and(|end| end <= range) {
+                break;
+            }
+            match range
+                .checked_add(len)
+                .and_then(|end| end.checked_next_multiple_of(alignment))
+            {
+                Some(next) => addr = next,
+                None => return no_room(),
+            }
+        }
+        if addr.checked_add(size).is_none_or(|end| end > limit) {
+            return no_room();
+        }
+        dev.ranges.insert(addr, size);
+        Ok(addr)
+    }
+
+    /// The device whose reserved range holds `[addr, addr + size)`, if one does.
+    fn range_holding(&self, addr: u64, size: u64) -> Option<usize> {
+        let end = addr.checked_add(size)?;
+        self.devices.iter().position(|dev| {
+            dev.ranges
+                .range(..=addr)
+                .next_back()
+                .is_some_and(|(&start, &len)| start.checked_add(len).is_some_and(|e| end <= e))
+        })
+    }
+}
+
+/// `aclrtPhysicalMemProp` (32 bytes, C layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct PhysicalMemProp {
+    /// `handleType`.
+    pub handle_type: u32,
+    /// `allocationType`.
+    pub allocation_type: u32,
+    /// `memAttr`.
+    pub mem_attr: u32,
+    /// `location.id`.
+    pub location_id: u32,
+    /// `location.type`.
+    pub location_type: u32,
+    /// `reserve`.
+    pub reserve: u64,
+}
+
+impl PhysicalMemProp {
+    /// Reads the caller's properties.
+    ///
+    /// # Safety
+    /// `prop` must be null or valid for a read of an `aclrtPhysicalMemProp`.
+    unsafe fn read(prop: *const PhysicalMemProp) -> Option<PhysicalMemProp> {
+        if prop.is_null() {
+            return None;
+        }
+        // SAFETY: non-null and readable per the caller's contract; every field is a plain
+        // integer, so any bytes are a valid value.
+        Some(unsafe { prop.read_unaligned() })
+    }
+
+    /// The properties as the detailed log shows them.
+    fn describe(prop: Option<&PhysicalMemProp>) -> String {
+        match prop {
+            None => "prop=NULL".to_owned(),
+            Some(p) => format!(
+                "prop={{handleType={}, allocationType={}, memAttr={}, location={{id={}, type={}}}, \
+                 reserve={}}}",
+                p.handle_type,
+                p.allocation_type,
+                p.mem_attr,
+                p.location_id,
+                p.location_type,
+                p.reserve
+            ),
+        }
+    }
+
+    /// The page granularity of valid properties for a fake with `devices` devices, else
+    /// `None` (pinned device memory without an exportable handle, of a kind the fake knows, on a
+    /// device that exists, with `reserve` 0).
+    fn granularity(&self, devices: usize) -> Option<u64> {
+        let valid = self.handle_type == HANDLE_TYPE_NONE
+            && self.allocation_type == ALLOCATION_TYPE_PINNED
+            && self.location_type == LOCATION_TYPE_DEVICE
+            && (self.location_id as usize) < devices
+            && self.reserve == 0;
+        if !valid {
+            None
+        } else if MEM_ATTRS_2M.contains(&self.mem_attr) {
+            Some(SEGMENT_ALIGNMENT)
+        } else if MEM_ATTRS_1G.contains(&self.mem_attr) {
+            Some(HUGE1G)
+        } else {
+            None
+        }
+    }
 }
 
 thread_local! {
@@ -209,8 +394,17 @@ fn state() -> MutexGuard<'static, State> {
 
 /// Runs one ACL call: counts it, applies an injected failure, else runs `body`.
 fn call(name: &'static str, body: impl FnOnce(&mut State) -> AclCode) -> AclCode {
+    call_with_args(name, None, body)
+}
+
+/// [`call`], recording `args` in the detailed log.
+fn call_with_args(
+    name: &'static str,
+    args: Option<String>,
+    body: impl FnOnce(&mut State) -> AclCode,
+) -> AclCode {
     let mut s = state();
-    if let Some(code) = s.enter(name) {
+    if let Some(code) = s.enter(name, args) {
         return code;
     }
     set_error_message(None);
@@ -219,7 +413,16 @@ fn call(name: &'static str, body: impl FnOnce(&mut State) -> AclCode) -> AclCode
 
 /// Runs a call that needs the thread's current device.
 fn device_call(name: &'static str, body: impl FnOnce(&mut State, i32) -> AclCode) -> AclCode {
-    call(name, |s| match s.current() {
+    device_call_with_args(name, None, body)
+}
+
+/// [`device_call`], recording `args` in the detailed log.
+fn device_call_with_args(
+    name: &'static str,
+    args: Option<String>,
+    body: impl FnOnce(&mut State, i32) -> AclCode,
+) -> AclCode {
+    call_with_args(name, args, |s| match s.current() {
         Ok(device) => body(s, device),
         Err(code) => code,
     })
@@ -297,7 +500,8 @@ pub extern "C" fn aclFinalize() -> AclCode {
 /// `aclrtSetDevice(deviceId)`: binds the device to the calling thread.
 #[unsafe(no_mangle)]
 pub extern "C" fn aclrtSetDevice(device_id: i32) -> AclCode {
-    call("aclrtSetDevice", |s| {
+    let args = format!("deviceId={device_id}");
+    call_with_args("aclrtSetDevice", Some(args), |s| {
         if !s.initialized {
             return ACL_ERROR_UNINITIALIZE;
         }
@@ -413,7 +617,7 @@ pub unsafe extern "C" fn aclrtGetMemInfo(
         let capacity = s.capacity;
         let dev = s.device_mut(device);
         let (f, t) = if attr == ACL_HBM_MEM {
-            (capacity - dev.used, capacity)
+            (capacity.saturating_sub(dev.used), capacity)
         } else {
             (0, 0)
         };
@@ -617,6 +821,252 @@ pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
     ERROR_MESSAGE.with(|m| m.borrow().as_ref().map_or(std::ptr::null(), |c| c.as_ptr()))
 }
 
+// ---- virtual memory (absent with the `no-vmm` feature) ---------------------------------------
+
+/// `aclrtReserveMemAddress(&virPtr, size, alignment, expectPtr, flags)`: a range of the current
+/// device's virtual region, backed by nothing. `size` 0, `alignment` other than 0 (CANN: reserved,
+/// must be 0), a non-null `expectPtr` or `flags` other than 0 and 1: 100000. No room: 207001.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtReserveMemAddress(
+    vir_ptr: *mut *mut c_void,
+    size: usize,
+    alignment: usize,
+    expect_ptr: *mut c_void,
+    flags: u64,
+) -> AclCode {
+    let args =
+        format!("size={size}, alignment={alignment}, expectPtr={expect_ptr:p}, flags={flags}");
+    device_call_with_args("aclrtReserveMemAddress", Some(args), |s, device| {
+        if vir_ptr.is_null() || size == 0 || alignment != 0 || !expect_ptr.is_null() || flags > 1 {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        match s.reserve(device, size as u64) {
+            // SAFETY: `vir_ptr` is non-null and, per the C contract, a writable `void*`.
+            Ok(addr) => unsafe { write_out(vir_ptr, addr as usize as *mut c_void) },
+            Err(code) => code,
+        }
+    })
+}
+
+/// `aclrtReleaseMemAddress(virPtr)`: gives back the range that starts at `virPtr` (on any
+/// device). Not the start of a range, or a range with pages still mapped in it: 107000.
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtReleaseMemAddress(vir_ptr: *mut c_void) -> AclCode {
+    let addr = vir_ptr as usize as u64;
+    let args = format!("virPtr={addr:#x}");
+    device_call_with_args("aclrtReleaseMemAddress", Some(args), |s, _| {
+        let Some(dev) = s.devices.iter_mut().find(|d| d.ranges.contains_key(&addr)) else {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        };
+        let size = dev.ranges[&addr];
+        // A range never passes `u64::MAX` (`reserve` checks its end).
+        if dev.mappings.range(addr..addr + size).next().is_some() {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        }
+        dev.ranges.remove(&addr);
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtMallocPhysical(&handle, size, prop, flags)`: a page of `size` bytes on device
+/// `prop->location.id`, charged against its capacity. A null pointer, `flags` other than 0,
+/// `size` 0 or not a multiple of the kind's page (2 MiB, or 1 GiB for the HUGE1G kinds), or
+/// properties other than pinned device memory of a known kind with no exportable handle and
+/// `reserve` 0: 100000. Out of capacity: 207001 with the `EL0004` text.
+///
+/// # Safety
+/// `handle` must be null or valid for a write of a `void*`, `prop` null or valid for a read of an
+/// `aclrtPhysicalMemProp` (the C contract).
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMallocPhysical(
+    handle: *mut *mut c_void,
+    size: usize,
+    prop: *const PhysicalMemProp,
+    flags: u64,
+) -> AclCode {
+    // SAFETY: forwarded from the caller.
+    let prop = unsafe { PhysicalMemProp::read(prop) };
+    let args = format!(
+        "size={size}, {}, flags={flags}",
+        PhysicalMemProp::describe(prop.as_ref())
+    );
+    device_call_with_args("aclrtMallocPhysical", Some(args), |s, _| {
+        let Some(prop) = prop else {
+            return ACL_ERROR_INVALID_PARAM;
+        };
+        let Some(granularity) = prop.granularity(s.devices.len()) else {
+            return ACL_ERROR_INVALID_PARAM;
+        };
+        let size = size as u64;
+        if handle.is_null() || flags != 0 || size == 0 || size % granularity != 0 {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        let capacity = s.capacity;
+        let device = prop.location_id as usize;
+        let dev = &mut s.devices[device];
+        if dev.used.checked_add(size).is_none_or(|u| u > capacity) {
+            set_error_message(Some(OOM_MESSAGE));
+            return ACL_ERROR_RT_MEMORY_ALLOCATION;
+        }
+        dev.used += size;
+        dev.live_pages += 1;
+        dev.page_bytes += size;
+        s.next_page += 1;
+        let value = PAGE_BASE + s.next_page * 16;
+        s.pages.insert(
+            value,
+            Page {
+                device,
+                size,
+                mapped_at: None,
+            },
+        );
+        // SAFETY: `handle` is non-null and, per the C contract, a writable `aclrtDrvMemHandle`.
+        unsafe { write_out(handle, value as *mut c_void) }
+    })
+}
+
+/// `aclrtFreePhysical(handle)`: frees a page that is not mapped. An unknown handle: 107017; a
+/// mapped one: 107000.
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtFreePhysical(handle: *mut c_void) -> AclCode {
+    let key = handle as usize;
+    let args = format!("handle={key:#x}");
+    device_call_with_args("aclrtFreePhysical", Some(args), |s, _| {
+        match s.pages.get(&key) {
+            None => return ACL_ERROR_RT_INVALID_HANDLE,
+            Some(page) if page.mapped_at.is_some() => return ACL_ERROR_RT_PARAM_INVALID,
+            Some(_) => {}
+        }
+        let Some(page) = s.pages.remove(&key) else {
+            return ACL_ERROR_RT_INVALID_HANDLE;
+        };
+        let dev = &mut s.devices[page.device];
+        dev.used -= page.size;
+        dev.live_pages -= 1;
+        dev.page_bytes -= page.size;
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtMapMem(virPtr, size, offset, handle, flags)`: maps the whole page `handle` at `virPtr`.
+/// `flags` or `offset` other than 0, `size` 0 or other than the page's, or `virPtr` not 2 MiB
+/// aligned: 100000. An unknown handle: 107017. A page already mapped, bytes outside every
+/// reserved range, a range of another device than the page's, or bytes already mapped: 107000.
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtMapMem(
+    vir_ptr: *mut c_void,
+    size: usize,
+    offset: usize,
+    handle: *mut c_void,
+    flags: u64,
+) -> AclCode {
+    let (addr, key, size) = (vir_ptr as usize as u64, handle as usize, size as u64);
+    let args =
+        format!("virPtr={addr:#x}, size={size}, offset={offset}, handle={key:#x}, flags={flags}");
+    device_call_with_args("aclrtMapMem", Some(args), |s, _| {
+        if flags != 0 || offset != 0 || size == 0 || addr % SEGMENT_ALIGNMENT != 0 {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        let (page_device, page_size, mapped) = match s.pages.get(&key) {
+            Some(p) => (p.device, p.size, p.mapped_at.is_some()),
+            None => return ACL_ERROR_RT_INVALID_HANDLE,
+        };
+        if size != page_size {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        if mapped {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        }
+        // `range_holding` checked that `addr + size` does not overflow.
+        match s.range_holding(addr, size) {
+            Some(device) if device == page_device => {}
+            _ => return ACL_ERROR_RT_PARAM_INVALID,
+        }
+        let dev = &mut s.devices[page_device];
+        let overlaps = dev
+            .mappings
+            .range(..addr + size)
+            .next_back()
+            .is_some_and(|(&start, &(_, len))| start + len > addr);
+        if overlaps {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        }
+        dev.mappings.insert(addr, (key, size));
+        dev.mapped_bytes += size;
+        if let Some(page) = s.pages.get_mut(&key) {
+            page.mapped_at = Some(addr);
+        }
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtUnmapMem(virPtr)`: unmaps the mapping that starts at `virPtr`; the page stays. Not the
+/// start of a mapping: 107000.
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtUnmapMem(vir_ptr: *mut c_void) -> AclCode {
+    let addr = vir_ptr as usize as u64;
+    let args = format!("virPtr={addr:#x}");
+    device_call_with_args("aclrtUnmapMem", Some(args), |s, _| {
+        let Some(dev) = s
+            .devices
+            .iter_mut()
+            .find(|d| d.mappings.contains_key(&addr))
+        else {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        };
+        let Some((key, size)) = dev.mappings.remove(&addr) else {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        };
+        dev.mapped_bytes -= size;
+        if let Some(page) = s.pages.get_mut(&key) {
+            page.mapped_at = None;
+        }
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtMemGetAllocationGranularity(prop, option, &granularity)`: 2 MiB, or 1 GiB for the
+/// HUGE1G kinds. Null pointers, an option other than MINIMUM and RECOMMENDED, or properties
+/// `aclrtMallocPhysical` refuses: 100000.
+///
+/// # Safety
+/// `prop` must be null or valid for a read of an `aclrtPhysicalMemProp`, `granularity` null or
+/// valid for a write of a `size_t` (the C contract).
+#[cfg(not(feature = "no-vmm"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
+    prop: *mut PhysicalMemProp,
+    option: u32,
+    granularity: *mut usize,
+) -> AclCode {
+    // SAFETY: forwarded from the caller.
+    let prop = unsafe { PhysicalMemProp::read(prop) };
+    let args = format!(
+        "{}, option={option}",
+        PhysicalMemProp::describe(prop.as_ref())
+    );
+    device_call_with_args("aclrtMemGetAllocationGranularity", Some(args), |s, _| {
+        if !GRANULARITY_OPTIONS.contains(&option) {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        match prop.and_then(|p| p.granularity(s.devices.len())) {
+            // SAFETY: per the C contract `granularity` is null or a writable `size_t`.
+            Some(g) => unsafe { write_out(granularity, g as usize) },
+            None => ACL_ERROR_INVALID_PARAM,
+        }
+    })
+}
+
 // ---- test controls --------------------------------------------------------------------------
 
 /// Reads a symbol name passed by a test.
@@ -724,6 +1174,54 @@ pub extern "C" fn fake_acl_live_allocations(device: u32) -> u64 {
         .map_or(0, |d| d.allocations.len() as u64)
 }
 
+/// Physical pages alive on `device` (0 for an unknown device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_live_pages(device: u32) -> u64 {
+    let s = state();
+    s.devices.get(device as usize).map_or(0, |d| d.live_pages)
+}
+
+/// Bytes of the physical pages alive on `device` (also counted in [`fake_acl_used`]).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_page_bytes(device: u32) -> u64 {
+    let s = state();
+    s.devices.get(device as usize).map_or(0, |d| d.page_bytes)
+}
+
+/// Mappings alive in `device`'s reserved ranges.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_mappings(device: u32) -> u64 {
+    let s = state();
+    s.devices
+        .get(device as usize)
+        .map_or(0, |d| d.mappings.len() as u64)
+}
+
+/// Bytes mapped in `device`'s reserved ranges.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_mapped_bytes(device: u32) -> u64 {
+    let s = state();
+    s.devices.get(device as usize).map_or(0, |d| d.mapped_bytes)
+}
+
+/// Reserved ranges alive on `device`.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_reserved_ranges(device: u32) -> u64 {
+    let s = state();
+    s.devices
+        .get(device as usize)
+        .map_or(0, |d| d.ranges.len() as u64)
+}
+
+/// Bytes of the reserved ranges alive on `device` (address space only: not charged).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_reserved_bytes(device: u32) -> u64 {
+    let s = state();
+    s.devices
+        .get(device as usize)
+        .map_or(0, |d| d.ranges.values().sum())
+}
+
 /// The ACL calls since the last reset or [`fake_acl_clear_log`], comma-separated. Writes at
 /// most `len` bytes (no NUL) to `buf` and returns the full length.
 ///
@@ -741,8 +1239,29 @@ pub unsafe extern "C" fn fake_acl_call_log(buf: *mut u8, len: usize) -> usize {
     text.len()
 }
 
-/// Empties the call log (counters are kept).
+/// The calls of [`fake_acl_call_log`] with their arguments where the fake records them
+/// (`aclrtSetDevice` and the VMM calls, e.g. `aclrtUnmapMem(virPtr=0x800000000000)`; the others
+/// are bare names), one a line. Writes at most `len` bytes (no NUL) to `buf` and returns the full
+/// length.
+///
+/// # Safety
+/// `buf` must be null or valid for writes of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_call_details(buf: *mut u8, len: usize) -> usize {
+    let text = state().details.join("\n");
+    if !buf.is_null() {
+        let n = text.len().min(len);
+        // SAFETY: `buf` is valid for `len ≥ n` bytes per the caller's contract, and cannot
+        // overlap `text`, a fresh allocation.
+        unsafe { std::ptr::copy_nonoverlapping(text.as_ptr(), buf, n) };
+    }
+    text.len()
+}
+
+/// Empties the call log and its detailed form (counters are kept).
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_acl_clear_log() {
-    state().log.clear();
+    let mut s = state();
+    s.log.clear();
+    s.details.clear();
 }
