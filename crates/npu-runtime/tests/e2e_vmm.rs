@@ -637,3 +637,123 @@ fn the_fake_checks_every_vmm_argument() {
     .join()
     .unwrap();
 }
+
+// ----- the runtime with expandable segments over the fake -----
+
+fn expandable_runtime(fake: &FakeAcl) -> npu_runtime::NpuAllocator {
+    let config = npu_runtime::Config {
+        alloc: alloc_conf::parse("expandable_segments:True").conf,
+        ..npu_runtime::Config::default()
+    };
+    // SAFETY: the fake libascendcl built from this workspace.
+    let platform =
+        unsafe { AclPlatform::load(fake.path()) }.expect("load the fake through acl-sys");
+    platform.runtime(config)
+}
+
+/// `aclrtMapMem` of the 20 MiB page `i` of the fake's first range on device 0.
+fn map_mem(i: u64, handle: u64) -> String {
+    format!(
+        "aclrtMapMem(virPtr={:#x}, size=20971520, offset=0, handle={handle:#x}, flags=0)",
+        VA0 + i * 20 * MIB
+    )
+}
+
+#[test]
+fn expandable_segments_over_acl_probe_reserve_map_and_unmap_as_torch_npu() {
+    let fake = FakeAcl::new(Variant::Full, GIB, 1);
+    let rt = expandable_runtime(&fake);
+    let s = npu_runtime::Stream::DEFAULT;
+    fake.clear_log();
+    // 30 MiB (+ the 32-byte pad) needs two 20 MiB pages: both are created, then both mapped.
+    let p = rt.malloc(30 * MIB, 0, s).unwrap();
+    assert_eq!(p, VA0);
+    assert_eq!(
+        fake.call_details(),
+        [
+            "aclrtSetDevice(deviceId=0)".to_string(),
+            // The allocator learns the total, then probes (torch_npu's 512-byte reservation).
+            "aclrtGetMemInfo".into(),
+            "aclrtReserveMemAddress(size=512, alignment=0, expectPtr=0x0, flags=1)".into(),
+            format!("aclrtReleaseMemAddress(virPtr={VA0:#x})"),
+            // The range: ceil(1.125 GiB / 20 MiB) = 58 pages, the total asked anew.
+            "aclrtGetMemInfo".into(),
+            "aclrtReserveMemAddress(size=1216348160, alignment=0, expectPtr=0x0, flags=1)".into(),
+            malloc_physical(20 * MIB, 4, 0),
+            malloc_physical(20 * MIB, 4, 0),
+            map_mem(0, 0x9000_0010),
+            map_mem(1, 0x9000_0020),
+        ]
+    );
+    assert_eq!((fake.live_pages(0), fake.mapped_bytes(0)), (2, 40 * MIB));
+    assert_eq!(rt.memory_reserved(0).unwrap(), 40 * MIB);
+    let snapshot = rt.memory_snapshot(0).unwrap();
+    assert_eq!(snapshot.len(), 1);
+    assert!(snapshot[0].is_expandable);
+
+    // A cache hit calls nothing.
+    let q = rt.malloc(4 * MIB, 0, s).unwrap();
+    rt.free(q).unwrap();
+    rt.free(p).unwrap();
+    fake.clear_log();
+    rt.empty_cache().unwrap();
+    // empty_cache synchronizes (its events), then unmapping synchronizes the device again and
+    // unmaps and frees each page; the emptied range is released.
+    assert_eq!(
+        fake.call_details(),
+        [
+            "aclrtSynchronizeDevice".to_string(),
+            "aclrtSynchronizeDevice".into(),
+            format!("aclrtUnmapMem(virPtr={VA0:#x})"),
+            "aclrtFreePhysical(handle=0x90000010)".into(),
+            format!("aclrtUnmapMem(virPtr={:#x})", VA0 + 20 * MIB),
+            "aclrtFreePhysical(handle=0x90000020)".into(),
+            format!("aclrtReleaseMemAddress(virPtr={VA0:#x})"),
+        ]
+    );
+    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    let stats = rt.device_stats(0).unwrap();
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (1, 1));
+    assert_clean(&fake, 0);
+}
+
+#[test]
+fn without_the_vmm_symbols_the_probe_falls_back_to_plain_segments() {
+    let fake = FakeAcl::new(Variant::NoVmm, GIB, 1);
+    let rt = expandable_runtime(&fake);
+    fake.clear_log();
+    let p = rt.malloc(8 * MIB, 0, npu_runtime::Stream::DEFAULT).unwrap();
+    // The probe needs aclrtReserveMemAddress, which is absent: no VMM call reaches the library,
+    // and the request gets a 20 MiB segment from aclrtMallocAlign32.
+    assert_eq!(
+        fake.log(),
+        ["aclrtSetDevice", "aclrtGetMemInfo", "aclrtMallocAlign32"]
+    );
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+    assert!(!rt.memory_snapshot(0).unwrap()[0].is_expandable);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 20 * MIB);
+    rt.free(p).unwrap();
+    // Asking for them again at run time probes again, and they stay off.
+    rt.set_allocator_settings("expandable_segments:True");
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+}
+
+#[test]
+fn a_driver_answering_207000_to_the_probe_falls_back_too() {
+    let fake = FakeAcl::new(Variant::Full, GIB, 1);
+    fake.fail_next("aclrtReserveMemAddress", 207_000, 1);
+    let rt = expandable_runtime(&fake);
+    fake.clear_log();
+    rt.malloc(8 * MIB, 0, npu_runtime::Stream::DEFAULT).unwrap();
+    assert_eq!(
+        fake.log(),
+        [
+            "aclrtSetDevice",
+            "aclrtGetMemInfo",
+            "aclrtReserveMemAddress",
+            "aclrtMallocAlign32"
+        ]
+    );
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+    assert_eq!(fake.reserved_ranges(0), 0);
+}
