@@ -40,6 +40,10 @@ pub(crate) struct Args {
     /// Drop the allocator's lock around each device malloc (`release_lock_on_npumalloc`).
     #[arg(long)]
     release_lock: bool,
+    /// Start with `expandable_segments:True`, switch it off and on from the threads, and inject
+    /// failures into the virtual-memory calls too.
+    #[arg(long)]
+    expandable: bool,
 }
 
 /// What a run did.
@@ -62,6 +66,15 @@ const FAULTY: [&str; 6] = [
     "aclrtRecordEvent",
     "aclrtQueryEventStatus",
     "aclrtGetMemInfo",
+];
+/// The virtual-memory functions failures are also injected into with `--expandable`.
+const FAULTY_VMM: [&str; 6] = [
+    "aclrtReserveMemAddress",
+    "aclrtReleaseMemAddress",
+    "aclrtMallocPhysical",
+    "aclrtFreePhysical",
+    "aclrtMapMem",
+    "aclrtUnmapMem",
 ];
 const CODES: [i32; 4] = [207_001, 507_899, 107_000, 500_000];
 
@@ -99,6 +112,7 @@ pub(crate) fn stress(args: &Args) -> Result<Counts, String> {
     let platform = unsafe { AclPlatform::load(fake.path()) }.map_err(|e| e.to_string())?;
     let mut config = Config::default();
     config.alloc.release_lock_on_npumalloc = args.release_lock;
+    config.alloc.expandable_segments = args.expandable;
     let rt = Arc::new(platform.clone().runtime(config));
     // Streams of every device, made on each device in turn (a stream belongs to a device).
     let mut streams = vec![Stream::DEFAULT];
@@ -177,6 +191,12 @@ pub(crate) fn stress(args: &Args) -> Result<Counts, String> {
             return Err(format!(
                 "device {d}: {} device allocations left",
                 fake.live_allocations(d)
+            ));
+        }
+        let (pages, ranges) = (fake.live_pages(d), fake.reserved_ranges(d));
+        if pages != 0 || ranges != 0 {
+            return Err(format!(
+                "device {d}: {pages} physical pages and {ranges} reserved ranges left"
             ));
         }
     }
@@ -293,8 +313,22 @@ fn one_call(
                 counts.errors.fetch_add(1, Ordering::Relaxed);
             }
         }
+        980..=984 if args.expandable => {
+            let on = rng.below(2) == 0;
+            let text = if on {
+                "expandable_segments:True"
+            } else {
+                "expandable_segments:False"
+            };
+            let warnings = rt.set_allocator_settings(text);
+            assert!(warnings.is_empty(), "{text}: {warnings:?}");
+        }
         _ if args.faults => {
-            let name = FAULTY[rng.below(FAULTY.len() as u64) as usize];
+            let vmm = if args.expandable { FAULTY_VMM.len() } else { 0 };
+            let i = rng.below((FAULTY.len() + vmm) as u64) as usize;
+            let name = FAULTY
+                .get(i)
+                .unwrap_or_else(|| &FAULTY_VMM[i - FAULTY.len()]);
             let code = CODES[rng.below(CODES.len() as u64) as usize];
             fake.fail_next(name, code, 1);
             counts.faults.fetch_add(1, Ordering::Relaxed);
@@ -307,8 +341,14 @@ fn one_call(
 pub(crate) fn run(args: Args) -> ExitCode {
     println!(
         "runtime stress: {} threads, {} devices, {} calls per thread, seed {}, faults {}, \
-         release_lock_on_npumalloc {}",
-        args.threads, args.devices, args.ops, args.seed, args.faults, args.release_lock
+         release_lock_on_npumalloc {}, expandable_segments {}",
+        args.threads,
+        args.devices,
+        args.ops,
+        args.seed,
+        args.faults,
+        args.release_lock,
+        args.expandable
     );
     let start = Instant::now();
     match stress(&args) {
@@ -349,11 +389,29 @@ mod tests {
             faults: true,
             capacity: 256 << 20,
             release_lock: true,
+            expandable: false,
         };
         let c = stress(&args).unwrap();
         assert_eq!(c.calls.into_inner(), 6_000);
         assert!(c.mallocs.into_inner() > 1_000);
         assert!(c.faults.into_inner() > 0);
         assert!(c.ooms.into_inner() > 0, "large requests exhaust 256 MiB");
+    }
+
+    #[test]
+    fn a_short_run_with_expandable_segments_switched_from_the_threads_settles() {
+        let args = Args {
+            threads: 4,
+            devices: 2,
+            ops: 1_500,
+            seed: 11,
+            faults: true,
+            capacity: 256 << 20,
+            release_lock: false,
+            expandable: true,
+        };
+        let c = stress(&args).unwrap();
+        assert!(c.mallocs.into_inner() > 1_000);
+        assert!(c.ooms.into_inner() > 0);
     }
 }
