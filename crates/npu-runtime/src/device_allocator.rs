@@ -15,7 +15,7 @@ use alloc_core::{
 };
 
 use crate::error::RuntimeError;
-use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::warn_once::warn_once;
 
 /// A device shared by its allocator and the calls made without the allocator's lock; each
@@ -89,8 +89,6 @@ impl<D: Device> Device for Shared<D> {
 /// One device's allocator and its lock.
 pub(crate) struct DeviceAllocator<D: Device> {
     index: u32,
-    /// `release_lock_on_npumalloc`, which `set_allocator_settings` may change.
-    release_lock: AtomicBool,
     /// How many of the runtime's `set_allocator_settings` strings this allocator has applied
     /// (read and written under the runtime's settings lock).
     settings_applied: AtomicU64,
@@ -112,7 +110,6 @@ impl<D: Device> DeviceAllocator<D> {
         }
         DeviceAllocator {
             index: facts.index,
-            release_lock: AtomicBool::new(conf.release_lock_on_npumalloc),
             settings_applied: AtomicU64::new(settings_applied),
             device,
             inner: Mutex::new(allocator),
@@ -130,10 +127,14 @@ impl<D: Device> DeviceAllocator<D> {
         size: u64,
         stream: D::Stream,
     ) -> Result<u64, RuntimeError<D::Error>> {
-        if self.release_lock.load(Ordering::Relaxed) {
+        // `release_lock_on_npumalloc` is read under the lock: `set_allocator_settings` may
+        // change it.
+        let mut allocator = self.lock();
+        if allocator.conf().release_lock_on_npumalloc {
+            drop(allocator);
             return self.malloc_releasing_lock(size, stream);
         }
-        Ok(self.lock().malloc(size, stream)?)
+        Ok(allocator.malloc(size, stream)?)
     }
 
     /// `malloc` with `release_lock_on_npumalloc:True`: the lock is dropped around each device
@@ -235,8 +236,6 @@ impl<D: Device> DeviceAllocator<D> {
         for text in &settings[applied..] {
             let parsed = alloc_conf::parse_settings(allocator.conf(), text);
             allocator.set_conf(&parsed.conf);
-            self.release_lock
-                .store(parsed.conf.release_lock_on_npumalloc, Ordering::Relaxed);
         }
         for notice in allocator.notices() {
             warn_once(&notice.to_string());

@@ -389,3 +389,29 @@ fn record_stream_races_free_and_event_processing() {
         check_settled(&rt);
     });
 }
+
+#[test]
+fn set_allocator_settings_races_the_first_use_of_a_device() {
+    // Whichever runs first, the device ends with the settings: opened before, the call applies
+    // them; opened meanwhile, the device catches up after it reads the configuration.
+    loom::model(|| {
+        let mut config = Config::default();
+        config.alloc.expandable_segments = true;
+        let rt = Arc::new(sim::runtime(1, 64 * MIB, config));
+        let switcher = {
+            let rt = rt.clone();
+            thread::spawn(move || {
+                assert!(
+                    rt.set_allocator_settings("expandable_segments:False")
+                        .is_empty()
+                );
+            })
+        };
+        let p = rt.malloc(1000, 0, S0).unwrap();
+        rt.free(p).unwrap();
+        switcher.join().unwrap();
+        assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+        rt.empty_cache().unwrap();
+        assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    });
+}
