@@ -406,7 +406,16 @@ where
     /// `memory_summary(device, abbreviated)`: torch's table of the device's stats.
     pub fn memory_summary(&self, device: u32, abbreviated: bool) -> Result<String, D::Error> {
         let stats = self.device_stats(device)?;
-        Ok(summary::memory_summary(device, &stats, abbreviated))
+        let expandable = match self.opened(device)? {
+            Some(Entry::Caching(a)) => a.expandable_summary(),
+            _ => summary::ExpandableSummary::default(),
+        };
+        Ok(summary::memory_summary(
+            device,
+            &stats,
+            abbreviated,
+            expandable,
+        ))
     }
 
     /// `memory_snapshot()` of `device`: its segments and blocks in address order.

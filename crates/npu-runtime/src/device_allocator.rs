@@ -219,6 +219,21 @@ impl<D: Device> DeviceAllocator<D> {
         self.lock().gc_status()
     }
 
+    /// What the expandable segments hold, for `memory_summary`.
+    pub(crate) fn expandable_summary(&self) -> crate::summary::ExpandableSummary {
+        let allocator = self.lock();
+        let ranges = allocator.expandable_segments();
+        let mapped = allocator.snapshot().into_iter().filter(|s| s.is_expandable);
+        let (mapped_ranges, mapped_bytes) =
+            mapped.fold((0, 0), |(n, b), s| (n + 1, b + s.total_size));
+        crate::summary::ExpandableSummary {
+            mapped_ranges,
+            mapped_bytes,
+            reserved_ranges: ranges.len(),
+            reserved_bytes: ranges.iter().map(|r| r.reserved_size).sum(),
+        }
+    }
+
     /// The configuration in force.
     pub(crate) fn conf(&self) -> AllocConf {
         self.lock().conf().clone()

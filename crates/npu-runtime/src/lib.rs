@@ -38,4 +38,4 @@ pub use alloc_core::{
 pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
 pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use error::RuntimeError;
-pub use summary::memory_summary;
+pub use summary::{ExpandableSummary, memory_summary};

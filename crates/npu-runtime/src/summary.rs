@@ -54,9 +54,29 @@ fn row(out: &mut Vec<String>, name: &str, stat: &Stat, reference: &Stat, format:
     ));
 }
 
+/// What a device's expandable segments hold, for the summary: torch's segment rows count device
+/// segments only, so the summary says what the mapped ranges are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExpandableSummary {
+    /// Contiguous mapped ranges (the snapshot's expandable segments).
+    pub mapped_ranges: usize,
+    /// Bytes mapped.
+    pub mapped_bytes: u64,
+    /// Reserved virtual address ranges.
+    pub reserved_ranges: usize,
+    /// Bytes of virtual address space reserved.
+    pub reserved_bytes: u64,
+}
+
 /// torch's `memory_summary(device, abbreviated)` text for `stats`: a 77-column table, each
-/// line ending in a newline.
-pub fn memory_summary(device: u32, stats: &DeviceStats, abbreviated: bool) -> String {
+/// line ending in a newline. With expandable segments, two lines after the oversize rows say
+/// what they hold (the rest is torch's table unchanged).
+pub fn memory_summary(
+    device: u32,
+    stats: &DeviceStats,
+    abbreviated: bool,
+    expandable: ExpandableSummary,
+) -> String {
     let arrays: [(&StatArray, &str, Formatter); 9] = [
         (&stats.allocated_bytes, "Allocated memory", format_size),
         (&stats.active_bytes, "Active memory", format_size),
@@ -113,6 +133,28 @@ pub fn memory_summary(device: u32, stats: &DeviceStats, abbreviated: bool) -> St
     ] {
         row(&mut lines, name, stat, stat, format_count);
     }
+    if expandable.reserved_ranges > 0 {
+        let size = |b: u64| alloc_core::FormatSize(b).to_string();
+        lines.push("-".repeat(WIDTH));
+        lines.push(format!(
+            " {:<wide$}",
+            format!(
+                "Expandable segments: {} mapped ranges, {} mapped",
+                expandable.mapped_ranges,
+                size(expandable.mapped_bytes)
+            ),
+            wide = WIDTH - 1
+        ));
+        lines.push(format!(
+            " {:<wide$}",
+            format!(
+                "  in {} reserved address ranges of {}",
+                expandable.reserved_ranges,
+                size(expandable.reserved_bytes)
+            ),
+            wide = WIDTH - 1
+        ));
+    }
     lines.push("=".repeat(WIDTH));
     let mut out = String::new();
     for line in lines {
@@ -146,7 +188,7 @@ mod tests {
         stats.reserved_bytes.increase(PoolKind::Small, 2 << 20);
         stats.allocation.increase(PoolKind::Small, 1);
         stats.num_ooms = 2;
-        let text = memory_summary(3, &stats, false);
+        let text = memory_summary(3, &stats, false, ExpandableSummary::default());
         let lines: Vec<&str> = text.lines().collect();
         assert!(
             lines.iter().all(|l| l.chars().count() == WIDTH + 2),
@@ -170,7 +212,32 @@ mod tests {
             ),
             "{text}"
         );
-        let short = memory_summary(0, &stats, true);
+        let short = memory_summary(0, &stats, true, ExpandableSummary::default());
         assert_eq!(short.lines().count(), 6 + 9 * 2 + 1 + 2 + 1);
+        let with = memory_summary(
+            0,
+            &stats,
+            true,
+            ExpandableSummary {
+                mapped_ranges: 2,
+                mapped_bytes: 60 << 20,
+                reserved_ranges: 1,
+                reserved_bytes: 1160 << 20,
+            },
+        );
+        let lines: Vec<&str> = with.lines().collect();
+        assert_eq!(lines.len(), 6 + 9 * 2 + 1 + 2 + 1 + 3);
+        assert!(lines.iter().all(|l| l.chars().count() == WIDTH + 2));
+        assert_eq!(
+            lines[lines.len() - 3],
+            format!(
+                "| {:<74}|",
+                "Expandable segments: 2 mapped ranges, 60.00 MiB mapped"
+            )
+        );
+        assert_eq!(
+            lines[lines.len() - 2],
+            format!("| {:<74}|", "  in 1 reserved address ranges of 1.13 GiB")
+        );
     }
 }

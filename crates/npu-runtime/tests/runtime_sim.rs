@@ -122,3 +122,25 @@ fn a_device_without_virtual_memory_runs_without_expandable_segments() {
     assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
     rt.free(p).unwrap();
 }
+
+#[test]
+fn memory_summary_says_what_expandable_segments_hold() {
+    let rt = sim::runtime(1, 256 * MIB, expandable_config());
+    let p = rt.malloc(30 * MIB, 0, S0).unwrap();
+    let text = rt.memory_summary(0, true).unwrap();
+    // torch's table counts no segment for expandable memory; two lines say what it holds:
+    // 40 MiB mapped (two 20 MiB pages) in one range of ceil(1.125 × 256 MiB / 20 MiB) pages.
+    assert!(
+        text.contains("| NPU reserved segments |       0    |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| Expandable segments: 1 mapped ranges, 40.00 MiB mapped "),
+        "{text}"
+    );
+    assert!(
+        text.contains("|   in 1 reserved address ranges of 300.00 MiB "),
+        "{text}"
+    );
+    rt.free(p).unwrap();
+}
