@@ -254,7 +254,7 @@ fn fragmentation(json: bool) {
     if !json {
         println!();
         println!(
-            "{:<16} {:<26} {:>3} {:>12} {:>12} {:>7} {:>8} {:>7}",
+            "{:<16} {:<40} {:>3} {:>12} {:>12} {:>7} {:>8} {:>7}",
             "trace", "config", "pad", "peak resv", "peak req", "ratio", "mallocs", "frees"
         );
     }
@@ -295,10 +295,12 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
         return;
     };
     let ratio = r.device_peak_bytes as f64 / r.peak_requested_bytes.max(1) as f64;
-    let label = if text.is_empty() {
+    // The canonical string of what ran: no duplicate keys when the switch undoes the trace's.
+    let canonical = setup.conf.to_string();
+    let label = if canonical.is_empty() {
         "(defaults)".to_string()
     } else {
-        text
+        canonical
     };
     let mut notes: Vec<String> = r.notices.iter().map(|n| n.to_string()).collect();
     if extra.ends_with("True") && !setup.conf.expandable_segments {
@@ -316,7 +318,7 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
         );
     } else {
         println!(
-            "{:<16} {:<26} {:>3} {:>12} {:>12} {:>7.3} {:>8} {:>7}{}",
+            "{:<16} {:<40} {:>3} {:>12} {:>12} {:>7.3} {:>8} {:>7}{}",
             name,
             label,
             pad,

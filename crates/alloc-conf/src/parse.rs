@@ -71,6 +71,13 @@ pub const RUN_TIME_KEYS: [Key; 5] = [
     Key::PerProcessMemoryFraction,
 ];
 
+/// What torch_npu's run-time parse puts back to the default before it reads the string.
+const RESET_AT_RUN_TIME: [Key; 3] = [
+    Key::MaxSplitSizeMb,
+    Key::RoundupPower2Divisions,
+    Key::GarbageCollectionThreshold,
+];
+
 /// Parses a string given at run time (torch's `torch.npu.memory._set_allocator_settings`) on top
 /// of the configuration in force, `current`. As in torch_npu, which runs the same c10 parser
 /// again, `max_split_size_mb`, `roundup_power2_divisions` and `garbage_collection_threshold`
@@ -88,6 +95,7 @@ pub const RUN_TIME_KEYS: [Key; 5] = [
 /// assert_eq!(p.conf.roundup_power2_divisions, [0; 16]); // reset, as in torch_npu
 /// ```
 pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
+    // The fields of RESET_AT_RUN_TIME.
     let defaults = AllocConf::default();
     let mut st = State {
         conf: AllocConf {
@@ -110,11 +118,16 @@ pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
         match key {
             Some(k) if !RUN_TIME_KEYS.contains(&k) => {
                 st.note_seen(k.name());
+                let what = if RESET_AT_RUN_TIME.contains(&k) {
+                    "every run-time call resets it to its default, as torch_npu does"
+                } else {
+                    "the value in force is kept"
+                };
                 st.warn(
                     WarningKind::NotAtRunTime,
                     k.name(),
                     format!(
-                        "{} cannot be changed once the allocator runs; the value in force is kept",
+                        "{} cannot be changed once the allocator runs; {what}",
                         k.name()
                     ),
                 );

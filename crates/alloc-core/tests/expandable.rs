@@ -478,3 +478,35 @@ fn failures_of_virtual_memory_calls_leave_the_books_exact() {
     assert_eq!(device(&a), (0, 0, vec![]));
     check_consistency(&a);
 }
+
+#[test]
+fn freeing_oversize_blocks_on_a_miss_passes_over_expandable_blocks() {
+    // torch_npu's release_available_cached_blocks would release this free expandable block
+    // (and reach TORCH_INTERNAL_ASSERT in release_block); it is passed over, as in PyTorch.
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(60 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    let off =
+        alloc_conf::parse_settings(a.conf(), "expandable_segments:False,max_split_size_mb:40");
+    assert!(!a.set_conf(&off.conf));
+    a.device_mut()
+        .fail_nth(DeviceCall::Malloc, 1, Fault::OutOfMemory);
+    let y = a.malloc(50 * MIB, S0).unwrap();
+    // The last retry unmapped the free pages and released the range; the request got a device
+    // segment of its own.
+    assert_eq!(a.device().segment_size(y), Some(50 * MIB));
+    assert_eq!(device(&a), (0, 0, vec![]));
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    check_consistency(&a);
+}
+
+#[test]
+fn a_range_is_sized_from_the_known_total_when_mem_info_fails() {
+    let mut a = expandable(GIB, "");
+    a.device_mut()
+        .fail_nth(DeviceCall::MemInfo, 1, Fault::Error(507_899));
+    a.malloc(8 * MIB, S0).unwrap();
+    assert_eq!(device(&a).2, vec![(B, 58 * 20 * MIB)]);
+    assert_eq!(a.device().calls(DeviceCall::MemInfo), 2);
+}

@@ -530,6 +530,7 @@ pub struct Executor {
     counts: OpCounts,
     records: Vec<StatsRecord>,
     peak_requested: u64,
+    settings_warnings: Vec<(usize, alloc_conf::Warning)>,
     last_line: usize,
     checks: Option<Box<Checks>>,
 }
@@ -544,6 +545,7 @@ impl Executor {
             counts: OpCounts::default(),
             records: Vec::new(),
             peak_requested: 0,
+            settings_warnings: Vec::new(),
             last_line: 0,
             checks: None,
         }
@@ -711,6 +713,8 @@ impl Executor {
             }
             OpKind::Settings(ref text) => {
                 let parsed = alloc_conf::parse_settings(self.alloc.conf(), text);
+                self.settings_warnings
+                    .extend(parsed.warnings.iter().map(|w| (op.line, w.clone())));
                 self.alloc.set_conf(&parsed.conf);
                 Outcome::Settings(parsed.conf)
             }
@@ -928,7 +932,7 @@ impl Executor {
                     return Err(broken(
                         Rule::UnexpectedResult,
                         format!(
-                            "set_allocator_settings: expandable_segments {} and max_split_size                              {:?}, expected {on} and {:?}",
+                            "set_allocator_settings: expandable_segments {} and max_split_size {:?}, expected {on} and {:?}",
                             conf.expandable_segments, conf.max_split_size, asked.max_split_size
                         ),
                     ));
@@ -1374,6 +1378,10 @@ impl Executor {
             ("device bytes", d.outstanding_bytes() as i64),
             ("device segments", d.outstanding_segments() as i64),
             ("device events", d.outstanding_events() as i64),
+            ("device pages", d.live_pages() as i64),
+            ("mapped bytes", d.mapped_bytes() as i64),
+            ("reserved ranges", d.reserved_ranges().count() as i64),
+            ("reserved_bytes", s.reserved_bytes.all.current),
             ("pending events", self.alloc.pending_events() as i64),
             ("allocation", s.allocation.all.current),
             ("active", s.active.all.current),
@@ -1459,6 +1467,7 @@ impl Executor {
             device_peak_bytes: device.peak_outstanding_bytes(),
             peak_requested_bytes: self.peak_requested,
             notices: self.alloc.notices().to_vec(),
+            settings_warnings: self.settings_warnings,
             setup: setup.clone(),
         }
     }
@@ -1494,8 +1503,10 @@ pub struct Report {
     /// The largest `requested_bytes.all.current` over the whole run (unaffected by
     /// `reset_peak`).
     pub peak_requested_bytes: u64,
-    /// Things the allocator reported (e.g. unsupported expandable segments).
+    /// Things the allocator reported (e.g. expandable segments without virtual memory).
     pub notices: Vec<alloc_core::Notice>,
+    /// Warnings about the strings of `set_allocator_settings` lines, with their line numbers.
+    pub settings_warnings: Vec<(usize, alloc_conf::Warning)>,
     /// The setup the run used.
     pub setup: Setup,
 }

@@ -220,7 +220,11 @@ fn origin_text(key: Key, parsed: &Parsed, from: &str) -> String {
         Key::MaxNonSplitRoundingMb if !parsed.given(key) => {
             origin.push_str(" (= large_segment_size_mb)");
         }
-        Key::SegmentSizeMb if parsed.given(Key::LargeSegmentSizeMb) => {
+        // An explicit 20 is the default to torch_npu, so segment_size_mb then stays in force.
+        Key::SegmentSizeMb
+            if parsed.given(Key::LargeSegmentSizeMb)
+                && parsed.conf.large_segment_size != 20 * alloc_conf::MIB =>
+        {
             origin = format!("{from} (= large_segment_size_mb)");
         }
         _ => {}

@@ -92,6 +92,12 @@ pub(crate) fn run(args: Args) -> ExitCode {
     for notice in &report.notices {
         eprintln!("note: {notice}");
     }
+    for (line, w) in &report.settings_warnings {
+        eprintln!(
+            "warning: {}:{line}: set_allocator_settings: {w}",
+            path.display()
+        );
+    }
     if args.json {
         for record in report.records.iter().chain([&report.end]) {
             say!("{}", record_json(record));
