@@ -194,11 +194,10 @@ impl<D: Device> Allocator<D> {
             return None;
         }
         let (size, stream, addr) = (o.size, o.stream, o.addr);
-        let pool = &mut self.pools[pool_index(o.pool)];
         if o.mapped {
-            pool.remove(&self.blocks, other);
+            self.pools[pool_index(o.pool)].remove(&self.blocks, other);
         } else {
-            pool.unmapped.remove(&(stream, addr));
+            self.forget_unmapped(o.pool, stream, addr);
         }
         Some(if next {
             self.absorb(id, other);
@@ -207,6 +206,16 @@ impl<D: Device> Allocator<D> {
             self.absorb(other, id);
             (other, size)
         })
+    }
+
+    /// Takes an unmapped block out of its pool's `unmapped` set; out of line, as only expandable
+    /// segments have unmapped blocks.
+    #[cold]
+    #[inline(never)]
+    fn forget_unmapped(&mut self, pool: PoolKind, stream: D::Stream, addr: u64) {
+        self.pools[pool_index(pool)]
+            .unmapped
+            .remove(&(stream, addr));
     }
 
     /// Folds block `upper` into its lower neighbour `lower` (which keeps its id, so the block at
