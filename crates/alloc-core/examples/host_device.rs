@@ -82,6 +82,7 @@ impl Device for HostDevice {
     type Error = HostError;
     // Host memory has no virtual-memory calls here: expandable segments fall back to plain ones.
     type Page = core::convert::Infallible;
+    type HostBuffer = core::convert::Infallible;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<HostError>> {
         if self.used + bytes > self.capacity {

@@ -11,6 +11,10 @@
 //! `aclrtReleaseMemAddress`). Their default bodies answer [`VmmError::Unsupported`], so a device
 //! without virtual memory implements none of them and the allocator runs without expandable
 //! segments, as torch_npu does on a driver without them.
+//!
+//! The memory saver's CPU backup needs a third optional set: pinned host memory and copies
+//! between it and the device (ACL's `aclrtMallocHost`, `aclrtFreeHost`, `aclrtMemcpy`), with the
+//! same "unsupported" default.
 
 use core::fmt;
 
@@ -83,6 +87,10 @@ pub trait Device {
     /// A physical page of an expandable segment (ACL's `aclrtDrvMemHandle`). A device without
     /// virtual memory names a type it never creates, such as `core::convert::Infallible`.
     type Page;
+    /// Host memory the device copies to and from (ACL's pinned `aclrtMallocHost` memory), for
+    /// the memory saver's CPU backup. A device without host copies names a type it never
+    /// creates, such as `core::convert::Infallible`.
+    type HostBuffer;
 
     /// Allocates one segment of exactly `bytes` bytes and returns its address (never 0).
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<Self::Error>>;
@@ -142,6 +150,46 @@ pub trait Device {
     /// Unmaps the page of `bytes` bytes mapped at `addr`; the page itself stays alive.
     fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<Self::Error>> {
         let _ = (addr, bytes);
+        Err(VmmError::Unsupported)
+    }
+
+    /// Allocates `bytes` of host memory for device copies.
+    fn alloc_host(&mut self, bytes: u64) -> Result<Self::HostBuffer, VmmError<Self::Error>> {
+        let _ = bytes;
+        Err(VmmError::Unsupported)
+    }
+
+    /// Frees host memory from [`Device::alloc_host`]. On failure the buffer comes back with the
+    /// error, still owned by the caller.
+    #[allow(clippy::type_complexity)]
+    fn free_host(
+        &mut self,
+        buffer: Self::HostBuffer,
+    ) -> Result<(), (Self::HostBuffer, VmmError<Self::Error>)> {
+        Err((buffer, VmmError::Unsupported))
+    }
+
+    /// Copies `bytes` bytes of device memory at `src` into the start of `dst`, waiting until
+    /// the copy is done.
+    fn copy_to_host(
+        &mut self,
+        dst: &mut Self::HostBuffer,
+        src: u64,
+        bytes: u64,
+    ) -> Result<(), VmmError<Self::Error>> {
+        let _ = (dst, src, bytes);
+        Err(VmmError::Unsupported)
+    }
+
+    /// Copies the first `bytes` bytes of `src` to device memory at `dst`, waiting until the copy
+    /// is done.
+    fn copy_to_device(
+        &mut self,
+        dst: u64,
+        src: &Self::HostBuffer,
+        bytes: u64,
+    ) -> Result<(), VmmError<Self::Error>> {
+        let _ = (dst, src, bytes);
         Err(VmmError::Unsupported)
     }
 }

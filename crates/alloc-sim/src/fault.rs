@@ -40,11 +40,19 @@ pub enum DeviceCall {
     Map,
     /// [`Device::unmap`](alloc_core::Device::unmap).
     Unmap,
+    /// [`Device::alloc_host`](alloc_core::Device::alloc_host).
+    AllocHost,
+    /// [`Device::free_host`](alloc_core::Device::free_host).
+    FreeHost,
+    /// [`Device::copy_to_host`](alloc_core::Device::copy_to_host).
+    CopyToHost,
+    /// [`Device::copy_to_device`](alloc_core::Device::copy_to_device).
+    CopyToDevice,
 }
 
 impl DeviceCall {
     /// Every call kind, in declaration order.
-    pub const ALL: [DeviceCall; 12] = [
+    pub const ALL: [DeviceCall; 16] = [
         DeviceCall::Malloc,
         DeviceCall::Free,
         DeviceCall::RecordEvent,
@@ -57,6 +65,18 @@ impl DeviceCall {
         DeviceCall::ReleasePage,
         DeviceCall::Map,
         DeviceCall::Unmap,
+        DeviceCall::AllocHost,
+        DeviceCall::FreeHost,
+        DeviceCall::CopyToHost,
+        DeviceCall::CopyToDevice,
+    ];
+
+    /// The host-memory calls of the memory saver's CPU backup, in declaration order.
+    pub const HOST: [DeviceCall; 4] = [
+        DeviceCall::AllocHost,
+        DeviceCall::FreeHost,
+        DeviceCall::CopyToHost,
+        DeviceCall::CopyToDevice,
     ];
 
     /// The virtual-memory calls (expandable segments), in declaration order.
@@ -84,6 +104,10 @@ impl DeviceCall {
             DeviceCall::ReleasePage => "release_page",
             DeviceCall::Map => "map",
             DeviceCall::Unmap => "unmap",
+            DeviceCall::AllocHost => "alloc_host",
+            DeviceCall::FreeHost => "free_host",
+            DeviceCall::CopyToHost => "copy_to_host",
+            DeviceCall::CopyToDevice => "copy_to_device",
         }
     }
 
@@ -102,8 +126,8 @@ impl fmt::Display for DeviceCall {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// `DeviceError::OutOfMemory` from `malloc` and `VmmError::OutOfMemory` from `create_page`
-    /// (the calls where it means something); other calls report it as an error with code
-    /// [`Fault::OOM_CODE`].
+    /// and `alloc_host` (the calls where it means something); other calls report it as an error
+    /// with code [`Fault::OOM_CODE`].
     OutOfMemory,
     /// A device error carrying this code (`SimError::Injected`).
     Error(i32),
@@ -315,7 +339,9 @@ impl<D> FaultInjector<D> {
     fn check_vmm<E>(&mut self, call: DeviceCall) -> Result<(), VmmError<FaultError<E>>> {
         match self.plan.on_call(call) {
             None => Ok(()),
-            Some(Fault::OutOfMemory) if call == DeviceCall::CreatePage => {
+            Some(Fault::OutOfMemory)
+                if matches!(call, DeviceCall::CreatePage | DeviceCall::AllocHost) =>
+            {
                 Err(VmmError::OutOfMemory)
             }
             Some(fault) => Err(VmmError::Other(FaultError::Injected {
@@ -350,6 +376,7 @@ impl<D: Device> Device for FaultInjector<D> {
     type Event = D::Event;
     type Error = FaultError<D::Error>;
     type Page = D::Page;
+    type HostBuffer = D::HostBuffer;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<Self::Error>> {
         match self.plan.on_call(DeviceCall::Malloc) {
@@ -429,6 +456,43 @@ impl<D: Device> Device for FaultInjector<D> {
     fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<Self::Error>> {
         self.check_vmm(DeviceCall::Unmap)?;
         self.inner.unmap(addr, bytes).map_err(wrap_vmm)
+    }
+
+    fn alloc_host(&mut self, bytes: u64) -> Result<D::HostBuffer, VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::AllocHost)?;
+        self.inner.alloc_host(bytes).map_err(wrap_vmm)
+    }
+
+    fn free_host(
+        &mut self,
+        buffer: D::HostBuffer,
+    ) -> Result<(), (D::HostBuffer, VmmError<Self::Error>)> {
+        if let Err(e) = self.check_vmm(DeviceCall::FreeHost) {
+            return Err((buffer, e));
+        }
+        self.inner
+            .free_host(buffer)
+            .map_err(|(buffer, e)| (buffer, wrap_vmm(e)))
+    }
+
+    fn copy_to_host(
+        &mut self,
+        dst: &mut D::HostBuffer,
+        src: u64,
+        bytes: u64,
+    ) -> Result<(), VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::CopyToHost)?;
+        self.inner.copy_to_host(dst, src, bytes).map_err(wrap_vmm)
+    }
+
+    fn copy_to_device(
+        &mut self,
+        dst: u64,
+        src: &D::HostBuffer,
+        bytes: u64,
+    ) -> Result<(), VmmError<Self::Error>> {
+        self.check_vmm(DeviceCall::CopyToDevice)?;
+        self.inner.copy_to_device(dst, src, bytes).map_err(wrap_vmm)
     }
 }
 
@@ -671,7 +735,11 @@ mod tests {
                 "create_page",
                 "release_page",
                 "map",
-                "unmap"
+                "unmap",
+                "alloc_host",
+                "free_host",
+                "copy_to_host",
+                "copy_to_device"
             ]
         );
     }

@@ -12,6 +12,7 @@
 #![warn(unreachable_pub)]
 
 mod check;
+mod contents;
 mod fault;
 mod sim_device;
 

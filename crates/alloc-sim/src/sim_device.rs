@@ -25,6 +25,7 @@ use std::fmt;
 
 use alloc_core::{Device, DeviceError, MemInfo, Stream, VmmError};
 
+use crate::contents::{Backing, DeviceBytes, Sparse};
 use crate::fault::DeviceCall;
 
 /// Where the first segment of a fresh [`SimDevice`] lives.
@@ -106,6 +107,14 @@ pub enum SimError {
         /// The address given.
         addr: u64,
     },
+    /// A copy or byte access of device memory that is not backed (outside every segment and
+    /// mapping), or of more bytes than the host buffer holds.
+    NotBacked {
+        /// The first address of the access.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
 }
 
 impl fmt::Display for SimError {
@@ -156,6 +165,10 @@ impl fmt::Display for SimError {
                     "unmap at {addr:#x}, where no page of that size is mapped"
                 )
             }
+            SimError::NotBacked { addr, len } => write!(
+                f,
+                "access of {len} bytes at {addr:#x}: not device memory, or past the host buffer"
+            ),
         }
     }
 }
@@ -204,6 +217,27 @@ impl SimPage {
     }
 }
 
+/// Host memory of a [`SimDevice`] for copies (the memory saver's CPU backup), kept sparsely like
+/// device memory. Not `Clone`: it is given back exactly once with [`Device::free_host`].
+#[derive(Debug, PartialEq, Eq)]
+pub struct SimHostBuffer {
+    id: u64,
+    bytes: u64,
+    data: Sparse,
+}
+
+impl SimHostBuffer {
+    /// Its size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Reads `len` bytes at `offset` (zeros where nothing was copied).
+    pub fn read(&self, offset: u64, len: u64) -> Vec<u8> {
+        self.data.read(offset, len)
+    }
+}
+
 /// Per-stream event clock: events `0..recorded` exist, `0..completed` are done.
 #[derive(Debug, Clone, Copy, Default)]
 struct StreamClock {
@@ -240,6 +274,11 @@ pub struct SimDevice {
     /// Mappings: address → (page id, bytes).
     mappings: BTreeMap<u64, (u64, u64)>,
     mapped_bytes: u64,
+    /// Written device bytes, sparsely.
+    bytes: DeviceBytes,
+    /// Live host buffers: id → bytes.
+    host_buffers: HashMap<u64, u64>,
+    next_host_id: u64,
     /// The call before the current one, to count runs of maps and unmaps.
     last_call: Option<DeviceCall>,
     map_runs: u64,
@@ -278,6 +317,9 @@ impl SimDevice {
             page_bytes: 0,
             mappings: BTreeMap::new(),
             mapped_bytes: 0,
+            bytes: DeviceBytes::default(),
+            host_buffers: HashMap::new(),
+            next_host_id: 0,
             last_call: None,
             map_runs: 0,
             unmap_runs: 0,
@@ -509,6 +551,62 @@ impl SimDevice {
         at >= end
     }
 
+    /// Live host buffers now: non-zero at the end of a test means a leak.
+    pub fn live_host_buffers(&self) -> usize {
+        self.host_buffers.len()
+    }
+
+    /// Host memory held for written device bytes (whole 4 KiB chunks).
+    pub fn held_content_bytes(&self) -> u64 {
+        self.bytes.held_bytes()
+    }
+
+    /// The physical pieces of `[addr, addr + len)`: (backing, offset in it, length), in order;
+    /// an error if any byte is not backed.
+    fn pieces(&self, addr: u64, len: u64) -> Result<Vec<(Backing, u64, u64)>, SimError> {
+        let not_backed = SimError::NotBacked { addr, len };
+        let end = addr.checked_add(len).ok_or(not_backed.clone())?;
+        if let Some((base, bytes)) = self.segment_containing(addr) {
+            if end > base + bytes {
+                return Err(not_backed);
+            }
+            return Ok(vec![(Backing::Segment(base), addr - base, len)]);
+        }
+        let mut out = Vec::new();
+        let mut at = addr;
+        while at < end {
+            let (start, bytes) = self.mapping_covering(at).ok_or(not_backed.clone())?;
+            let (page, _) = self.mappings[&start];
+            let n = (start + bytes).min(end) - at;
+            out.push((Backing::Page(page), at - start, n));
+            at += n;
+        }
+        Ok(out)
+    }
+
+    /// Test control: writes `data` into device memory at `addr` (a segment or mapped pages).
+    pub fn write_bytes(&mut self, addr: u64, data: &[u8]) -> Result<(), SimError> {
+        let mut done = 0u64;
+        for (backing, offset, n) in self.pieces(addr, data.len() as u64)? {
+            let piece = &data[done as usize..(done + n) as usize];
+            self.bytes.of_mut(backing).write(offset, piece);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Test control: reads `len` bytes of device memory at `addr` (zeros where never written).
+    pub fn read_bytes(&self, addr: u64, len: u64) -> Result<Vec<u8>, SimError> {
+        let mut out = Vec::with_capacity(len as usize);
+        for (backing, offset, n) in self.pieces(addr, len)? {
+            match self.bytes.of(backing) {
+                Some(s) => out.extend(s.read(offset, n)),
+                None => out.resize(out.len() + n as usize, 0),
+            }
+        }
+        Ok(out)
+    }
+
     /// Bytes of device memory in use: segments plus physical pages.
     fn used(&self) -> u64 {
         self.handed_out + self.page_bytes
@@ -602,6 +700,7 @@ impl Device for SimDevice {
     type Event = SimEvent;
     type Error = SimError;
     type Page = SimPage;
+    type HostBuffer = SimHostBuffer;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<SimError>> {
         self.count(DeviceCall::Malloc);
@@ -631,6 +730,7 @@ impl Device for SimDevice {
             }),
             Some(_) => {
                 self.segments.remove(&addr);
+                self.bytes.drop_backing(Backing::Segment(addr));
                 self.handed_out -= bytes;
                 self.frees += 1;
                 Ok(())
@@ -743,6 +843,7 @@ impl Device for SimDevice {
             // A `SimPage` is only made by `create_page` and given back once, so it is live.
             _ => {
                 self.pages.remove(&page.id);
+                self.bytes.drop_backing(Backing::Page(page.id));
                 self.page_bytes -= page.bytes;
                 Ok(())
             }
@@ -784,6 +885,87 @@ impl Device for SimDevice {
         }
         if let Some((_, at)) = self.pages.get_mut(&id) {
             *at = None;
+        }
+        Ok(())
+    }
+
+    fn alloc_host(&mut self, bytes: u64) -> Result<SimHostBuffer, VmmError<SimError>> {
+        self.count(DeviceCall::AllocHost);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        let id = self.next_host_id;
+        self.next_host_id += 1;
+        self.host_buffers.insert(id, bytes);
+        Ok(SimHostBuffer {
+            id,
+            bytes,
+            data: Sparse::default(),
+        })
+    }
+
+    fn free_host(
+        &mut self,
+        buffer: SimHostBuffer,
+    ) -> Result<(), (SimHostBuffer, VmmError<SimError>)> {
+        self.count(DeviceCall::FreeHost);
+        if !self.vmm_supported {
+            return Err((buffer, VmmError::Unsupported));
+        }
+        // A `SimHostBuffer` is only made by `alloc_host` and given back once, so it is live.
+        self.host_buffers.remove(&buffer.id);
+        Ok(())
+    }
+
+    fn copy_to_host(
+        &mut self,
+        dst: &mut SimHostBuffer,
+        src: u64,
+        bytes: u64,
+    ) -> Result<(), VmmError<SimError>> {
+        self.count(DeviceCall::CopyToHost);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        if bytes > dst.bytes {
+            return Err(VmmError::Other(SimError::NotBacked {
+                addr: src,
+                len: bytes,
+            }));
+        }
+        let mut done = 0u64;
+        for (backing, offset, n) in self.pieces(src, bytes).map_err(VmmError::Other)? {
+            match self.bytes.of(backing) {
+                Some(from) => dst.data.copy_from(done, from, offset, n),
+                None => dst.data.clear(done, n),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn copy_to_device(
+        &mut self,
+        dst: u64,
+        src: &SimHostBuffer,
+        bytes: u64,
+    ) -> Result<(), VmmError<SimError>> {
+        self.count(DeviceCall::CopyToDevice);
+        if !self.vmm_supported {
+            return Err(VmmError::Unsupported);
+        }
+        if bytes > src.bytes {
+            return Err(VmmError::Other(SimError::NotBacked {
+                addr: dst,
+                len: bytes,
+            }));
+        }
+        let mut done = 0u64;
+        for (backing, offset, n) in self.pieces(dst, bytes).map_err(VmmError::Other)? {
+            self.bytes
+                .of_mut(backing)
+                .copy_from(offset, &src.data, done, n);
+            done += n;
         }
         Ok(())
     }
@@ -1127,5 +1309,39 @@ mod tests {
         assert_eq!(d.create_page(2 * MIB), Err(VmmError::Unsupported));
         assert_eq!(d.unmap(0, 2 * MIB), Err(VmmError::Unsupported));
         assert_eq!(d.calls(DeviceCall::ReserveAddress), 1);
+    }
+
+    #[test]
+    fn device_bytes_survive_a_host_round_trip_across_pages() {
+        let mut d = SimDevice::new(64 * MIB);
+        let seg = d.malloc(2 * MIB).unwrap();
+        d.write_bytes(seg + 10, b"segment").unwrap();
+        assert_eq!(d.read_bytes(seg + 10, 7).unwrap(), b"segment");
+        let va = d.reserve_address(8 * MIB).unwrap();
+        let (p0, p1) = (d.create_page(4 * MIB).unwrap(), d.create_page(4 * MIB).unwrap());
+        d.map(va, 4 * MIB, &p0).unwrap();
+        d.map(va + 4 * MIB, 4 * MIB, &p1).unwrap();
+        // A write across the two pages.
+        d.write_bytes(va + 4 * MIB - 3, b"across").unwrap();
+        let mut host = d.alloc_host(8 * MIB).unwrap();
+        d.copy_to_host(&mut host, va, 8 * MIB).unwrap();
+        assert_eq!(host.read(4 * MIB - 3, 6), b"across");
+        // New pages read as zeros; the copy back restores the bytes.
+        for (addr, page) in [(va, p0), (va + 4 * MIB, p1)] {
+            d.unmap(addr, 4 * MIB).unwrap();
+            d.release_page(page).unwrap();
+        }
+        let (q0, q1) = (d.create_page(4 * MIB).unwrap(), d.create_page(4 * MIB).unwrap());
+        d.map(va, 4 * MIB, &q0).unwrap();
+        d.map(va + 4 * MIB, 4 * MIB, &q1).unwrap();
+        assert_eq!(d.read_bytes(va + 4 * MIB - 3, 6).unwrap(), vec![0; 6]);
+        d.copy_to_device(va, &host, 8 * MIB).unwrap();
+        assert_eq!(d.read_bytes(va + 4 * MIB - 3, 6).unwrap(), b"across");
+        assert_eq!(d.free_host(host), Ok(()));
+        assert_eq!(d.live_host_buffers(), 0);
+        // Unbacked addresses are refused; freeing forgets the bytes.
+        assert!(d.read_bytes(va + 8 * MIB, 1).is_err());
+        d.free(seg, 2 * MIB).unwrap();
+        assert_eq!(d.held_content_bytes(), 2 * 4096);
     }
 }

@@ -314,6 +314,7 @@ impl Device for AclDevice {
     type Event = Event;
     type Error = AclError;
     type Page = PhysicalMem;
+    type HostBuffer = core::convert::Infallible;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<AclError>> {
         let p = &self.platform;

@@ -44,6 +44,7 @@ impl<D: Device> Device for Shared<D> {
     type Event = D::Event;
     type Error = D::Error;
     type Page = D::Page;
+    type HostBuffer = D::HostBuffer;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<D::Error>> {
         self.lock().malloc(bytes)
@@ -83,6 +84,31 @@ impl<D: Device> Device for Shared<D> {
     }
     fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<D::Error>> {
         self.lock().unmap(addr, bytes)
+    }
+    fn alloc_host(&mut self, bytes: u64) -> Result<D::HostBuffer, VmmError<D::Error>> {
+        self.lock().alloc_host(bytes)
+    }
+    fn free_host(
+        &mut self,
+        buffer: D::HostBuffer,
+    ) -> Result<(), (D::HostBuffer, VmmError<D::Error>)> {
+        self.lock().free_host(buffer)
+    }
+    fn copy_to_host(
+        &mut self,
+        dst: &mut D::HostBuffer,
+        src: u64,
+        bytes: u64,
+    ) -> Result<(), VmmError<D::Error>> {
+        self.lock().copy_to_host(dst, src, bytes)
+    }
+    fn copy_to_device(
+        &mut self,
+        dst: u64,
+        src: &D::HostBuffer,
+        bytes: u64,
+    ) -> Result<(), VmmError<D::Error>> {
+        self.lock().copy_to_device(dst, src, bytes)
     }
 }
 

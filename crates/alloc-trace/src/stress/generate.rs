@@ -352,7 +352,11 @@ mod tests {
         assert!(has(
             |o| matches!(o, OpKind::Settings(s) if s.ends_with("True"))
         ));
-        for call in DeviceCall::ALL {
+        // Host copies only happen in memory-saver regions, which this generator does not draw.
+        for call in DeviceCall::ALL
+            .into_iter()
+            .filter(|c| !DeviceCall::HOST.contains(c))
+        {
             assert!(
                 ops.iter()
                     .any(|o| matches!(o, OpKind::Fault { call: c, .. } if *c == call)),
