@@ -14,7 +14,7 @@ use crate::block::{BlockId, Blocks};
 use crate::device::Device;
 use crate::error::FractionError;
 use crate::expandable::{ExpandableSegment, Parked};
-use crate::pool::BlockPool;
+use crate::private_pool::{PoolSet, Pools};
 use crate::size::PoolKind;
 use crate::stats::DeviceStats;
 use crate::stream_events::EventQueues;
@@ -124,6 +124,8 @@ pub(crate) struct Request<S> {
     /// The rounded size (pad included).
     pub(crate) size: u64,
     pub(crate) pool: PoolKind,
+    /// The pool set it is served from (0: the default pools).
+    pub(crate) set: PoolSet,
     /// The segment size to ask the device for on a miss.
     pub(crate) alloc_size: u64,
 }
@@ -134,8 +136,8 @@ pub struct Allocator<D: Device> {
     pub(crate) conf: AllocConf,
     pub(crate) facts: DeviceFacts,
     pub(crate) blocks: Blocks<D::Stream>,
-    /// Indexed by `pool_index`: small, large.
-    pub(crate) pools: [BlockPool<D::Stream>; 2],
+    /// The default pools and the private pools, indexed by (set, kind).
+    pub(crate) pools: Pools<D::Stream>,
     /// Blocks by address: every block handed out at least once, for as long as its record
     /// exists. A freed block keeps its entry, so a cached block handed out again (the common
     /// hit) needs no hash update, and `free` only looks up; an entry goes when its block is
@@ -168,13 +170,6 @@ pub struct Allocator<D: Device> {
     notices: Notices,
 }
 
-pub(crate) fn pool_index(pool: PoolKind) -> usize {
-    match pool {
-        PoolKind::Small => 0,
-        PoolKind::Large => 1,
-    }
-}
-
 impl<D: Device> Allocator<D> {
     /// Builds an allocator over `device` with configuration `conf`.
     pub fn new(mut device: D, conf: &AllocConf, facts: DeviceFacts) -> Self {
@@ -192,7 +187,7 @@ impl<D: Device> Allocator<D> {
             conf,
             facts,
             blocks: Blocks::default(),
-            pools: [BlockPool::default(), BlockPool::default()],
+            pools: Pools::default(),
             by_addr: HashMap::new(),
             segments: BTreeMap::new(),
             events: EventQueues::default(),
@@ -304,9 +299,21 @@ impl<D: Device> Allocator<D> {
     }
 
     /// `empty_cache`: synchronize, return blocks whose events are done to their pools, and give
-    /// every whole free segment back to the device. Split segments stay.
+    /// every whole free segment of the default pools and of the freeable private pools back to
+    /// the device. Split segments stay, and so do the cached segments of private pools still
+    /// held (torch keeps a live `MemPool`'s cache).
     pub fn empty_cache(&mut self) -> Result<(), D::Error> {
         self.release_cached_blocks()
+    }
+
+    /// torch's `emptyCache(pool)` (what dropping a `MemPool` runs after releasing it): gives
+    /// back the whole free segments of private pool `pool` if it is freeable, and forgets it
+    /// once it holds none; nothing for a pool still held.
+    pub fn empty_pool_cache(&mut self, pool: crate::PoolId) -> Result<(), D::Error> {
+        if pool.is_default() {
+            return self.release_cached_blocks();
+        }
+        self.release_cached_blocks_of(Some(pool))
     }
 
     /// `set_per_process_memory_fraction`: limits the bytes of all segments to `fraction` of the

@@ -6,6 +6,7 @@
 
 use alloc::vec::Vec;
 
+use crate::private_pool::PoolSet;
 use crate::size::PoolKind;
 
 /// Index of an expandable segment in the allocator's table (`expandable`), stored plus one so
@@ -43,6 +44,8 @@ pub(crate) struct Block<S> {
     pub(crate) stream: S,
     /// The pool the segment belongs to.
     pub(crate) pool: PoolKind,
+    /// The pool set (default or private pool) the segment belongs to.
+    pub(crate) set: PoolSet,
     /// Handed out to a caller and not yet freed.
     pub(crate) allocated: bool,
     /// Has an entry in the allocator's address index (it was handed out at least once).
@@ -67,13 +70,14 @@ pub(crate) struct Block<S> {
 
 impl<S> Block<S> {
     /// A new unsplit, unallocated block covering a whole segment.
-    pub(crate) fn segment(addr: u64, size: u64, stream: S, pool: PoolKind) -> Self {
+    pub(crate) fn segment(addr: u64, size: u64, stream: S, pool: PoolKind, set: PoolSet) -> Self {
         Block {
             addr,
             size,
             requested: 0,
             stream,
             pool,
+            set,
             allocated: false,
             indexed: false,
             prev: None,
@@ -92,13 +96,14 @@ impl<S> Block<S> {
         size: u64,
         stream: S,
         pool: PoolKind,
+        set: PoolSet,
         vm: VmId,
         mapped: bool,
     ) -> Self {
         Block {
             vm: Some(vm),
             mapped,
-            ..Block::segment(addr, size, stream, pool)
+            ..Block::segment(addr, size, stream, pool, set)
         }
     }
 

@@ -1,6 +1,9 @@
 //! Errors of the policy core, each with torch_npu's wording where users know it.
 
+use alloc::string::String;
 use core::fmt;
+
+use crate::private_pool::PoolError;
 
 /// Formats a byte count as torch's `format_size` does ("N bytes", then KiB, MiB, GiB with two
 /// decimals).
@@ -94,6 +97,20 @@ pub enum AllocError<E> {
     },
     /// A device failure other than out-of-memory, passed through unchanged.
     Device(E),
+    /// The request named a private pool that cannot take allocations.
+    Pool(PoolError),
+    /// The request was routed to a memory-saver tag that is paused: its memory is not backed
+    /// until `resume`, so nothing is handed out from it.
+    Paused {
+        /// The tag.
+        tag: String,
+    },
+}
+
+impl<E> From<PoolError> for AllocError<E> {
+    fn from(e: PoolError) -> Self {
+        AllocError::Pool(e)
+    }
 }
 
 impl<E: fmt::Display> fmt::Display for AllocError<E> {
@@ -104,6 +121,11 @@ impl<E: fmt::Display> fmt::Display for AllocError<E> {
                 f.write_str("NPU out of memory. Tried to allocate more than 1EB memory.")
             }
             AllocError::Device(e) => write!(f, "NPU error: {e}"),
+            AllocError::Pool(e) => e.fmt(f),
+            AllocError::Paused { tag } => write!(
+                f,
+                "memory saver tag {tag:?} is paused: resume it before allocating in its region"
+            ),
         }
     }
 }

@@ -21,9 +21,10 @@
 
 use alloc::vec::Vec;
 
-use crate::allocator::{Allocator, Notice, Request, pool_index};
+use crate::allocator::{Allocator, Notice, Request};
 use crate::block::{Block, BlockId, VmId};
 use crate::device::{Device, VmmError};
+use crate::private_pool::PoolSet;
 use crate::size::{PoolKind, SMALL_BUFFER};
 
 /// The probe torch_npu makes before it turns expandable segments on: reserve this many bytes and
@@ -139,7 +140,7 @@ impl<D: Device> Allocator<D> {
         &mut self,
         req: &Request<D::Stream>,
     ) -> Result<Option<BlockId>, VmmError<D::Error>> {
-        let mut c = self.find_expandable_block(req.stream, req.pool, req.size)?;
+        let mut c = self.find_expandable_block(req.stream, req.set, req.pool, req.size)?;
         if !self.blocks[c].mapped {
             let bytes = self.blocks[c].size.min(req.size);
             c = match self.map_block(c, bytes) {
@@ -168,7 +169,7 @@ impl<D: Device> Allocator<D> {
                 Err(e) => return Err(e),
             };
         }
-        self.pools[pool_index(req.pool)].remove(&self.blocks, c);
+        self.pools[(req.set, req.pool)].remove(&self.blocks, c);
         Ok(Some(c))
     }
 
@@ -178,6 +179,7 @@ impl<D: Device> Allocator<D> {
     fn find_expandable_block(
         &mut self,
         stream: D::Stream,
+        set: PoolSet,
         pool: PoolKind,
         size: u64,
     ) -> Result<BlockId, VmmError<D::Error>> {
@@ -190,7 +192,7 @@ impl<D: Device> Allocator<D> {
             }
             run >= size
         };
-        let found = self.pools[pool_index(pool)]
+        let found = self.pools[(set, pool)]
             .unmapped
             .range((stream, 0)..=(stream, u64::MAX))
             .map(|(_, &c)| match blocks[c].prev {
@@ -200,7 +202,7 @@ impl<D: Device> Allocator<D> {
             .find(|&start| has_space(start));
         match found {
             Some(start) => Ok(start),
-            None => self.new_expandable_segment(stream, pool),
+            None => self.new_expandable_segment(stream, set, pool),
         }
     }
 
@@ -210,6 +212,7 @@ impl<D: Device> Allocator<D> {
     fn new_expandable_segment(
         &mut self,
         stream: D::Stream,
+        set: PoolSet,
         pool: PoolKind,
     ) -> Result<BlockId, VmmError<D::Error>> {
         let page = self.page_size(pool);
@@ -237,12 +240,11 @@ impl<D: Device> Allocator<D> {
         });
         let id = self
             .blocks
-            .insert(Block::expandable(base, bytes, stream, pool, vm, false));
+            .insert(Block::expandable(base, bytes, stream, pool, set, vm, false));
         self.segments.insert(base, id);
-        self.pools[pool_index(pool)]
-            .unmapped
-            .insert((stream, base), id);
+        self.pools[(set, pool)].unmapped.insert((stream, base), id);
         self.live_expandable += 1;
+        self.count_pool_segment(set, 1);
         Ok(id)
     }
 
@@ -259,8 +261,14 @@ impl<D: Device> Allocator<D> {
     fn map_block(&mut self, id: BlockId, bytes: u64) -> Result<BlockId, VmmError<D::Error>> {
         let block = &self.blocks[id];
         debug_assert!(!block.mapped && bytes <= block.size);
-        let (addr, size, stream, pool, vm) =
-            (block.addr, block.size, block.stream, block.pool, block.vm);
+        let (addr, size, stream, pool, set, vm) = (
+            block.addr,
+            block.size,
+            block.stream,
+            block.pool,
+            block.set,
+            block.vm,
+        );
         let vm = vm.expect("an unmapped block lies in an expandable segment");
         let seg = self.segment(vm);
         let page = seg.page;
@@ -271,13 +279,13 @@ impl<D: Device> Allocator<D> {
         if mapped == 0 {
             return Err(error.unwrap_or(VmmError::OutOfMemory));
         }
-        let pool_set = &mut self.pools[pool_index(pool)];
+        let pool_set = &mut self.pools[(set, pool)];
         pool_set.unmapped.remove(&(stream, addr));
         if mapped < size {
             let rest = Block {
                 prev: Some(id),
                 next: self.blocks[id].next,
-                ..Block::expandable(addr + mapped, size - mapped, stream, pool, vm, false)
+                ..Block::expandable(addr + mapped, size - mapped, stream, pool, set, vm, false)
             };
             let rid = self.blocks.insert(rest);
             if let Some(next) = self.blocks[id].next {
@@ -294,7 +302,7 @@ impl<D: Device> Allocator<D> {
                 id = merged;
             }
         }
-        self.pools[pool_index(pool)].insert(&mut self.blocks, id);
+        self.pools[(set, pool)].insert(&mut self.blocks, id);
         self.total_allocated += mapped;
         self.stats.reserved_bytes.increase(pool, mapped);
         self.stats.num_device_alloc += 1;
@@ -365,7 +373,8 @@ impl<D: Device> Allocator<D> {
         id: BlockId,
     ) -> Result<Option<BlockId>, VmmError<D::Error>> {
         let block = &self.blocks[id];
-        let (addr, size, stream, pool) = (block.addr, block.size, block.stream, block.pool);
+        let (addr, size, stream, pool, set) =
+            (block.addr, block.size, block.stream, block.pool, block.set);
         let vm = block.vm.expect("only expandable blocks are unmapped");
         let seg = self.segment(vm);
         let (page, base) = (seg.page, seg.base);
@@ -379,7 +388,7 @@ impl<D: Device> Allocator<D> {
             return error.map_or(Ok(None), Err);
         }
         let (start, unmapped) = (base + begin * page, pages * page);
-        self.pools[pool_index(pool)].remove(&self.blocks, id);
+        self.pools[(set, pool)].remove(&self.blocks, id);
         let before = start - addr;
         let after = addr + size - (start + unmapped);
         let uid = if before > 0 {
@@ -387,7 +396,7 @@ impl<D: Device> Allocator<D> {
             let u = Block {
                 prev: Some(id),
                 next: self.blocks[id].next,
-                ..Block::expandable(start, unmapped, stream, pool, vm, false)
+                ..Block::expandable(start, unmapped, stream, pool, set, vm, false)
             };
             let uid = self.blocks.insert(u);
             if let Some(next) = self.blocks[id].next {
@@ -395,7 +404,7 @@ impl<D: Device> Allocator<D> {
             }
             self.blocks[id].next = Some(uid);
             self.blocks[id].size = before;
-            self.pools[pool_index(pool)].insert(&mut self.blocks, id);
+            self.pools[(set, pool)].insert(&mut self.blocks, id);
             uid
         } else {
             let b = &mut self.blocks[id];
@@ -407,14 +416,14 @@ impl<D: Device> Allocator<D> {
             let a = Block {
                 prev: Some(uid),
                 next: self.blocks[uid].next,
-                ..Block::expandable(start + unmapped, after, stream, pool, vm, true)
+                ..Block::expandable(start + unmapped, after, stream, pool, set, vm, true)
             };
             let aid = self.blocks.insert(a);
             if let Some(next) = self.blocks[uid].next {
                 self.blocks[next].prev = Some(aid);
             }
             self.blocks[uid].next = Some(aid);
-            self.pools[pool_index(pool)].insert(&mut self.blocks, aid);
+            self.pools[(set, pool)].insert(&mut self.blocks, aid);
         }
         let mut uid = uid;
         for next in [false, true] {
@@ -423,7 +432,7 @@ impl<D: Device> Allocator<D> {
             }
         }
         let u = &self.blocks[uid];
-        self.pools[pool_index(pool)]
+        self.pools[(set, pool)]
             .unmapped
             .insert((stream, u.addr), uid);
         self.total_allocated -= unmapped;
@@ -468,14 +477,14 @@ impl<D: Device> Allocator<D> {
     ) -> Result<(), VmmError<D::Error>> {
         let block = &self.blocks[id];
         debug_assert!(!block.mapped && !block.is_split());
-        let (addr, size, stream, pool) = (block.addr, block.size, block.stream, block.pool);
+        let (addr, size, stream, pool, set) =
+            (block.addr, block.size, block.stream, block.pool, block.set);
         let vm = block
             .vm
             .expect("only expandable segments are released here");
         self.device.release_address(addr, size)?;
-        self.pools[pool_index(pool)]
-            .unmapped
-            .remove(&(stream, addr));
+        self.pools[(set, pool)].unmapped.remove(&(stream, addr));
+        self.count_pool_segment(set, -1);
         self.segments.remove(&addr);
         self.unindex(id);
         self.blocks.remove(id);
@@ -488,9 +497,10 @@ impl<D: Device> Allocator<D> {
     /// inner pages, in pool order, and releases each segment left wholly unmapped.
     pub(crate) fn release_expandable_blocks(
         &mut self,
+        set: PoolSet,
         pool: PoolKind,
     ) -> Result<(), VmmError<D::Error>> {
-        let free: Vec<BlockId> = self.pools[pool_index(pool)]
+        let free: Vec<BlockId> = self.pools[(set, pool)]
             .iter()
             .filter(|&id| self.blocks[id].is_expandable())
             .collect();
@@ -518,7 +528,7 @@ impl<D: Device> Allocator<D> {
         }
         let idle: Vec<BlockId> = self
             .pools
-            .iter()
+            .all()
             .flat_map(|p| p.unmapped.values().copied())
             .filter(|&id| !self.blocks[id].is_split())
             .collect();

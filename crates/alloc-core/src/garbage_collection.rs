@@ -9,7 +9,7 @@
 
 use alloc::vec::Vec;
 
-use crate::allocator::{Allocator, pool_index};
+use crate::allocator::Allocator;
 use crate::device::Device;
 use crate::size::PoolKind;
 
@@ -68,7 +68,8 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         let target = self.total_allocated - limit;
-        let pool = &self.pools[pool_index(PoolKind::Large)];
+        // torch looks at the default large pool only.
+        let pool = &self.pools[(0, PoolKind::Large)];
         let mut total_age = 0.0f64;
         let mut candidates = 0u64;
         // Blocks of expandable segments are never released here (as in CUDA; docs/deviations.md).
@@ -88,7 +89,7 @@ impl<D: Device> Allocator<D> {
             let threshold = total_age / candidates as f64;
             freed_any = false;
             // A whole pass in pool order; it is not cut short once the target is met.
-            let pool = &self.pools[pool_index(PoolKind::Large)];
+            let pool = &self.pools[(0, PoolKind::Large)];
             let old: Vec<_> = pool
                 .iter()
                 .filter(|&id| self.is_whole_segment(id))

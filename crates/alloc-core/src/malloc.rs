@@ -4,11 +4,12 @@
 
 use alloc_conf::AllocConf;
 
-use crate::allocator::{Allocator, Request, pool_index};
+use crate::allocator::{Allocator, Request};
 use crate::block::BlockId;
 use crate::device::Device;
 use crate::error::AllocError;
 use crate::oom_retry::MallocStep;
+use crate::private_pool::{PoolId, PoolSet};
 use crate::size::{self, MAX_REQUEST, PoolKind};
 
 /// Padded request sizes from here on are refused as too large: every rounding of a smaller one
@@ -27,8 +28,32 @@ impl<D: Device> Allocator<D> {
     /// Allocates `size` bytes for use on `stream`. Returns the address, or 0 for a zero-size
     /// request (which changes no stats).
     pub fn malloc(&mut self, size: u64, stream: D::Stream) -> Result<u64, AllocError<D::Error>> {
+        self.malloc_to(size, stream, 0)
+    }
+
+    /// [`Allocator::malloc`] from private pool `pool` (torch's allocation inside a
+    /// `use_mem_pool` scope): served only from that pool's blocks and segments. `PoolId::DEFAULT`
+    /// is the default pools.
+    pub fn malloc_in(
+        &mut self,
+        size: u64,
+        stream: D::Stream,
+        pool: PoolId,
+    ) -> Result<u64, AllocError<D::Error>> {
+        let set = self.routable_set(pool)?;
+        self.malloc_to(size, stream, set)
+    }
+
+    /// `malloc` into pool set `set`.
+    #[inline]
+    fn malloc_to(
+        &mut self,
+        size: u64,
+        stream: D::Stream,
+        set: PoolSet,
+    ) -> Result<u64, AllocError<D::Error>> {
         // The hit path returns without building a step.
-        let req = match self.lookup(size, stream)? {
+        let req = match self.lookup(size, stream, set)? {
             Lookup::Found(addr) => return Ok(addr),
             Lookup::Miss(req) => req,
         };
@@ -50,7 +75,21 @@ impl<D: Device> Allocator<D> {
         size: u64,
         stream: D::Stream,
     ) -> MallocStep<D::Error, D::Stream> {
-        match self.lookup(size, stream) {
+        self.begin_malloc_in(size, stream, PoolId::DEFAULT)
+    }
+
+    /// [`Allocator::begin_malloc`] from private pool `pool`, as [`Allocator::malloc_in`].
+    pub fn begin_malloc_in(
+        &mut self,
+        size: u64,
+        stream: D::Stream,
+        pool: PoolId,
+    ) -> MallocStep<D::Error, D::Stream> {
+        let set = match self.routable_set(pool) {
+            Ok(set) => set,
+            Err(e) => return MallocStep::Done(Err(e)),
+        };
+        match self.lookup(size, stream, set) {
             Ok(Lookup::Found(addr)) => MallocStep::Done(Ok(addr)),
             Ok(Lookup::Miss(req)) => self.miss(req),
             Err(e) => MallocStep::Done(Err(e)),
@@ -63,8 +102,9 @@ impl<D: Device> Allocator<D> {
         &mut self,
         size: u64,
         stream: D::Stream,
+        set: PoolSet,
     ) -> Result<Lookup<D::Stream>, AllocError<D::Error>> {
-        let Some(req) = self.request(size, stream)? else {
+        let Some(req) = self.request(size, stream, set)? else {
             return Ok(Lookup::Found(0));
         };
         Ok(match self.get_free_block(&req) {
@@ -79,6 +119,7 @@ impl<D: Device> Allocator<D> {
         &mut self,
         size: u64,
         stream: D::Stream,
+        set: PoolSet,
     ) -> Result<Option<Request<D::Stream>>, AllocError<D::Error>> {
         if size >= MAX_REQUEST {
             return Err(AllocError::TooLarge { size });
@@ -99,6 +140,7 @@ impl<D: Device> Allocator<D> {
             requested: size,
             size: rounded,
             pool: PoolKind::for_size(rounded),
+            set,
             alloc_size: size::allocation_size(rounded, &self.conf),
         }))
     }
@@ -110,7 +152,7 @@ impl<D: Device> Allocator<D> {
         if self.live_expandable > 0 {
             return self.get_free_block_expandable(req, gc);
         }
-        let pool = &mut self.pools[pool_index(req.pool)];
+        let pool = &mut self.pools[(req.set, req.pool)];
         if gc {
             pool.lookups += 1;
         }
@@ -126,7 +168,7 @@ impl<D: Device> Allocator<D> {
     /// with them off, blocks of expandable segments are passed over.
     #[inline(never)]
     fn get_free_block_expandable(&mut self, req: &Request<D::Stream>, gc: bool) -> Option<BlockId> {
-        let pool = &mut self.pools[pool_index(req.pool)];
+        let pool = &mut self.pools[(req.set, req.pool)];
         if gc {
             pool.lookups += 1;
         }

@@ -168,8 +168,9 @@ impl<D: Device> Allocator<D> {
         self.total_allocated += size;
         let id = self
             .blocks
-            .insert(Block::segment(addr, size, req.stream, req.pool));
+            .insert(Block::segment(addr, size, req.stream, req.pool, req.set));
         self.segments.insert(addr, id);
+        self.count_pool_segment(req.set, 1);
         self.stats.segment.increase(req.pool, 1);
         self.stats.reserved_bytes.increase(req.pool, size);
         if self.is_oversize(size) {

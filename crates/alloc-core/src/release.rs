@@ -7,9 +7,10 @@
 
 use alloc::vec::Vec;
 
-use crate::allocator::{Allocator, Request, pool_index};
+use crate::allocator::{Allocator, Request};
 use crate::block::BlockId;
 use crate::device::{Device, VmmError};
+use crate::private_pool::PoolId;
 use crate::size::PoolKind;
 
 impl<D: Device> Allocator<D> {
@@ -18,9 +19,10 @@ impl<D: Device> Allocator<D> {
     pub(crate) fn release_block(&mut self, id: BlockId) -> Result<(), D::Error> {
         let block = &self.blocks[id];
         debug_assert!(!block.is_split() && block.is_idle());
-        let (addr, size, pool) = (block.addr, block.size, block.pool);
+        let (addr, size, pool, set) = (block.addr, block.size, block.pool, block.set);
         self.device.free(addr, size)?;
-        self.pools[pool_index(pool)].remove(&self.blocks, id);
+        self.pools[(set, pool)].remove(&self.blocks, id);
+        self.count_pool_segment(set, -1);
         self.segments.remove(&addr);
         self.unindex(id);
         self.blocks.remove(id);
@@ -58,7 +60,7 @@ impl<D: Device> Allocator<D> {
             return Ok(false);
         };
         let key = req.size.max(max_split);
-        let pool = &self.pools[pool_index(req.pool)];
+        let pool = &self.pools[(req.set, req.pool)];
         // The smallest whole segment on this stream that covers `key`. Oversize blocks are never
         // split by the default rules, but with `page_size:1g` a split remainder can be ≥
         // max_split; freeing it would free part of a segment, so such blocks are passed over.
@@ -95,10 +97,20 @@ impl<D: Device> Allocator<D> {
         !b.is_split() && !b.is_expandable()
     }
 
-    /// torch's `release_cached_blocks`: synchronize and drain every event, then in the large
-    /// pool and then the small one free every whole free segment and unmap the free pages of
-    /// expandable segments. Split segments stay.
+    /// torch's `release_cached_blocks`: synchronize and drain every event, then in the default
+    /// large pool and then the small one free every whole free segment and unmap the free pages
+    /// of expandable segments, and do the same (small, then large) in every freeable private
+    /// pool, forgetting those left without segments. Split segments stay.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), D::Error> {
+        self.release_cached_blocks_of(None)
+    }
+
+    /// [`Allocator::release_cached_blocks`] for every pool (`None`), or for private pool
+    /// `Some(id)` alone, which is emptied only if it is freeable (torch's `emptyCache(id)`).
+    pub(crate) fn release_cached_blocks_of(
+        &mut self,
+        only: Option<PoolId>,
+    ) -> Result<(), D::Error> {
         self.synchronize_and_free_events()?;
         if self.live_expandable > 0
             || !self.parked.pages.is_empty()
@@ -106,19 +118,30 @@ impl<D: Device> Allocator<D> {
         {
             release_result(self.retry_parked())?;
         }
-        for pool in [PoolKind::Large, PoolKind::Small] {
-            let whole: Vec<BlockId> = self.pools[pool_index(pool)]
-                .iter()
-                .filter(|&id| self.is_whole_segment(id))
-                .collect();
-            // The device was just synchronized; no second synchronization is needed.
-            for id in whole {
-                self.release_block(id)?;
-            }
-            if self.live_expandable > 0 {
-                release_result(self.release_expandable_blocks(pool))?;
+        let freeable = self.freeable_sets(only);
+        let default = only
+            .is_none()
+            .then_some((0, [PoolKind::Large, PoolKind::Small]));
+        let private = freeable
+            .iter()
+            .map(|&set| (set, [PoolKind::Small, PoolKind::Large]));
+        let order: Vec<_> = default.into_iter().chain(private).collect();
+        for (set, kinds) in order {
+            for pool in kinds {
+                let whole: Vec<BlockId> = self.pools[(set, pool)]
+                    .iter()
+                    .filter(|&id| self.is_whole_segment(id))
+                    .collect();
+                // The device was just synchronized; no second synchronization is needed.
+                for id in whole {
+                    self.release_block(id)?;
+                }
+                if self.live_expandable > 0 {
+                    release_result(self.release_expandable_blocks(set, pool))?;
+                }
             }
         }
+        self.forget_empty_pools(&freeable);
         Ok(())
     }
 }

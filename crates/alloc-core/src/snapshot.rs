@@ -7,6 +7,7 @@ use alloc::vec::Vec;
 
 use crate::allocator::Allocator;
 use crate::device::Device;
+use crate::private_pool::PoolId;
 use crate::size::PoolKind;
 
 /// State of one block, with torch's names.
@@ -63,6 +64,9 @@ pub struct SegmentInfo<S> {
     pub pool: PoolKind,
     /// A mapped range of an expandable segment rather than a device segment.
     pub is_expandable: bool,
+    /// The private pool the segment belongs to, `PoolId::DEFAULT` for the default pools
+    /// (torch's `segment_pool_id`).
+    pub pool_id: PoolId,
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
 }
@@ -93,6 +97,7 @@ impl<D: Device> Allocator<D> {
                     stream: b.stream,
                     pool: b.pool,
                     is_expandable,
+                    pool_id: self.pools.id_of(b.set),
                     blocks: Vec::new(),
                 });
                 let state = if b.allocated {

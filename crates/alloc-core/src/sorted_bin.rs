@@ -189,7 +189,7 @@ mod tests {
     fn ids(n: usize) -> Vec<BlockId> {
         let mut blocks = Blocks::<u64>::default();
         (0..n)
-            .map(|_| blocks.insert(Block::segment(0, 0, 0u64, PoolKind::Small)))
+            .map(|_| blocks.insert(Block::segment(0, 0, 0u64, PoolKind::Small, 0)))
             .collect()
     }
 

@@ -3,9 +3,10 @@
 //! `inactive_split` bookkeeping that goes with them, and torch_npu's base-address alignment of
 //! large blocks while expandable segments are on.
 
-use crate::allocator::{Allocator, Request, pool_index};
+use crate::allocator::{Allocator, Request};
 use crate::block::{Block, BlockId};
 use crate::device::Device;
+use crate::private_pool::PoolSet;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind, ROUND_LARGE, SMALL_SIZE};
 
 /// torch's `should_split`: small-pool blocks split when at least 512 bytes remain; large-pool
@@ -52,9 +53,9 @@ impl<D: Device> Allocator<D> {
                 prev: Some(id),
                 next: block.next,
                 vm: block.vm,
-                ..Block::segment(0, 0, block.stream, pool)
+                ..Block::segment(0, 0, block.stream, pool, block.set)
             };
-            let remainder_size = remainder.size;
+            let (remainder_size, set) = (remainder.size, remainder.set);
             let rid = self.blocks.insert(remainder);
             if let Some(next) = self.blocks[id].next {
                 self.blocks[next].prev = Some(rid);
@@ -62,7 +63,7 @@ impl<D: Device> Allocator<D> {
             let block = &mut self.blocks[id];
             block.next = Some(rid);
             block.size = size;
-            self.pools[pool_index(pool)].insert(&mut self.blocks, rid);
+            self.pools[(set, pool)].insert(&mut self.blocks, rid);
             if counted && already_split {
                 // An already-split free block shrinks by `size` bytes.
                 self.stats.inactive_split_bytes.decrease(pool, size);
@@ -116,14 +117,14 @@ impl<D: Device> Allocator<D> {
             // torch_npu hands the block out unaligned.
             return id;
         }
-        let (pool, was_split, whole) = (block.pool, block.is_split(), block.size);
+        let (pool, set, was_split, whole) = (block.pool, block.set, block.is_split(), block.size);
         let aligned = Block {
             addr: block.addr + offset,
             size: block.size - offset,
             prev: Some(id),
             next: block.next,
             vm: block.vm,
-            ..Block::segment(0, 0, block.stream, pool)
+            ..Block::segment(0, 0, block.stream, pool, set)
         };
         let aid = self.blocks.insert(aligned);
         if let Some(next) = self.blocks[id].next {
@@ -133,7 +134,7 @@ impl<D: Device> Allocator<D> {
         let head = &mut self.blocks[id];
         head.next = Some(aid);
         head.size = offset;
-        self.pools[pool_index(pool)].insert(&mut self.blocks, id);
+        self.pools[(set, pool)].insert(&mut self.blocks, id);
         self.blocks[id].gc_base = gc_base;
         if !self.blocks[id].is_expandable() {
             // Both parts are now free split blocks (torch_npu leaves the head out of the count;
@@ -152,7 +153,8 @@ impl<D: Device> Allocator<D> {
     #[inline]
     pub(crate) fn free_block(&mut self, id: BlockId) {
         let block = &self.blocks[id];
-        let (pool, original_size, requested) = (block.pool, block.size, block.requested);
+        let (pool, set, original_size, requested) =
+            (block.pool, block.set, block.size, block.requested);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         // Merge with the block below first, then the one above, as torch does.
@@ -171,7 +173,7 @@ impl<D: Device> Allocator<D> {
             net_bytes += block.size as i64;
         }
         let counted = !block.is_expandable();
-        self.pools[pool_index(pool)].insert(&mut self.blocks, id);
+        self.pools[(set, pool)].insert(&mut self.blocks, id);
         if counted {
             self.stats.inactive_split.apply(pool, net_blocks);
             self.stats.inactive_split_bytes.apply(pool, net_bytes);
@@ -194,10 +196,11 @@ impl<D: Device> Allocator<D> {
             return None;
         }
         let (size, stream, addr) = (o.size, o.stream, o.addr);
+        let (pool, set) = (o.pool, o.set);
         if o.mapped {
-            self.pools[pool_index(o.pool)].remove(&self.blocks, other);
+            self.pools[(set, pool)].remove(&self.blocks, other);
         } else {
-            self.forget_unmapped(o.pool, stream, addr);
+            self.forget_unmapped(set, pool, stream, addr);
         }
         Some(if next {
             self.absorb(id, other);
@@ -212,10 +215,8 @@ impl<D: Device> Allocator<D> {
     /// segments have unmapped blocks.
     #[cold]
     #[inline(never)]
-    fn forget_unmapped(&mut self, pool: PoolKind, stream: D::Stream, addr: u64) {
-        self.pools[pool_index(pool)]
-            .unmapped
-            .remove(&(stream, addr));
+    fn forget_unmapped(&mut self, set: PoolSet, pool: PoolKind, stream: D::Stream, addr: u64) {
+        self.pools[(set, pool)].unmapped.remove(&(stream, addr));
     }
 
     /// Folds block `upper` into its lower neighbour `lower` (which keeps its id, so the block at

@@ -1,0 +1,344 @@
+//! Private pools: torch's `MemPool` (`PrivatePool` in `CUDACachingAllocator.cpp`).
+//!
+//! A private pool is a second pair of small and large block pools on the same device. A request
+//! routed to it (torch's `use_mem_pool` scope, `beginAllocateToPool`) is served only from its own
+//! cached blocks and segments, and a freed block always returns to the pool that allocated it,
+//! whatever is routed at free time. There is no fallback between a private pool and the default
+//! pools. A pool's use count counts its holders (the pool object and each active scope); at 0
+//! the pool becomes freeable: `empty_cache` then gives its whole free segments back, and once it
+//! holds no segment it is forgotten. Its memory counts in the device's stats like any other.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+use core::ops::{Index, IndexMut};
+
+use crate::pool::BlockPool;
+use crate::size::PoolKind;
+
+/// torch's `MempoolId_t`: `(0, 0)` names the device's default pools; a pool made by
+/// [`crate::Allocator::create_pool`] is `(0, n)` with n counting from 1, as torch numbers
+/// user-created pools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct PoolId(pub u64, pub u64);
+
+impl PoolId {
+    /// The device's default pools.
+    pub const DEFAULT: PoolId = PoolId(0, 0);
+
+    /// Whether this names the default pools.
+    pub fn is_default(self) -> bool {
+        self == PoolId::DEFAULT
+    }
+}
+
+impl fmt::Display for PoolId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "({}, {})", self.0, self.1)
+    }
+}
+
+/// A misuse of a private pool; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// No pool with this id exists on the device (never created, or already forgotten).
+    Unknown(PoolId),
+    /// The pool's use count reached 0: it can no longer be entered or retained (torch asserts).
+    Released(PoolId),
+    /// `release_pool` of a pool whose use count is already 0 (torch asserts).
+    OverReleased(PoolId),
+    /// The default pools cannot be created, retained or released.
+    Default,
+    /// More private pools than the allocator can index are alive at once (65,535).
+    TooMany,
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::Unknown(id) => write!(f, "no private pool {id} on this device"),
+            PoolError::Released(id) => {
+                write!(f, "private pool {id} was released (its use count is 0)")
+            }
+            PoolError::OverReleased(id) => {
+                write!(
+                    f,
+                    "private pool {id} was released more often than it was held"
+                )
+            }
+            PoolError::Default => f.write_str("the default pool (0, 0) is not a private pool"),
+            PoolError::TooMany => f.write_str("too many private pools alive on this device"),
+        }
+    }
+}
+
+impl core::error::Error for PoolError {}
+
+/// What makes a private pool a memory-saver pool: its tag and whether pauses keep a CPU copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SaverTag {
+    pub(crate) tag: String,
+    pub(crate) cpu_backup: bool,
+    /// Set by `pause`, cleared by a `resume` that mapped every segment again.
+    pub(crate) paused: bool,
+}
+
+/// One private pool.
+#[derive(Debug)]
+pub(crate) struct PrivatePool<S> {
+    pub(crate) id: PoolId,
+    /// Small, large.
+    pub(crate) pools: [BlockPool<S>; 2],
+    /// Holders: the pool object and each active scope (torch's `use_count`).
+    pub(crate) use_count: u32,
+    /// Segments (device segments and expandable ranges) it holds (torch's `npuMalloc_count`).
+    pub(crate) segments: u32,
+    /// Set for a memory-saver pool.
+    pub(crate) saver: Option<SaverTag>,
+}
+
+/// A pool set index: 0 the default pools, `i` the private pool in slot `i - 1`.
+pub(crate) type PoolSet = u16;
+
+/// Every block pool of the allocator: the default pair, kept first for the hot path, and the
+/// private pools by slot.
+#[derive(Debug)]
+pub(crate) struct Pools<S> {
+    default: [BlockPool<S>; 2],
+    pub(crate) private: Vec<Option<PrivatePool<S>>>,
+    /// The next user pool number.
+    pub(crate) next_user: u64,
+}
+
+impl<S> Default for Pools<S> {
+    fn default() -> Self {
+        Pools {
+            default: [BlockPool::default(), BlockPool::default()],
+            private: Vec::new(),
+            next_user: 1,
+        }
+    }
+}
+
+#[inline]
+fn kind_index(kind: PoolKind) -> usize {
+    match kind {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
+}
+
+impl<S> Pools<S> {
+    /// The private pool of set `set` (not the default).
+    pub(crate) fn private(&self, set: PoolSet) -> Option<&PrivatePool<S>> {
+        let slot = usize::from(set).checked_sub(1)?;
+        self.private.get(slot)?.as_ref()
+    }
+
+    /// The private pool of set `set`, mutably.
+    pub(crate) fn private_mut(&mut self, set: PoolSet) -> Option<&mut PrivatePool<S>> {
+        let slot = usize::from(set).checked_sub(1)?;
+        self.private.get_mut(slot)?.as_mut()
+    }
+
+    /// The set of the live pool `id` (0 for the default).
+    pub(crate) fn set_of(&self, id: PoolId) -> Option<PoolSet> {
+        if id.is_default() {
+            return Some(0);
+        }
+        let slot = self
+            .private
+            .iter()
+            .position(|p| p.as_ref().is_some_and(|p| p.id == id))?;
+        PoolSet::try_from(slot + 1).ok()
+    }
+
+    /// The id of set `set`.
+    pub(crate) fn id_of(&self, set: PoolSet) -> PoolId {
+        self.private(set).map_or(PoolId::DEFAULT, |p| p.id)
+    }
+
+    /// Stores a new private pool and returns its set.
+    pub(crate) fn add(&mut self, pool: PrivatePool<S>) -> Result<PoolSet, PoolError> {
+        let slot = match self.private.iter().position(Option::is_none) {
+            Some(slot) => slot,
+            None => {
+                self.private.push(None);
+                self.private.len() - 1
+            }
+        };
+        let Ok(set) = PoolSet::try_from(slot + 1) else {
+            self.private.truncate(slot);
+            return Err(PoolError::TooMany);
+        };
+        self.private[slot] = Some(pool);
+        Ok(set)
+    }
+
+    /// Forgets the private pool of set `set`.
+    pub(crate) fn remove(&mut self, set: PoolSet) {
+        if let Some(slot) = usize::from(set).checked_sub(1) {
+            if let Some(p) = self.private.get_mut(slot) {
+                *p = None;
+            }
+        }
+        while matches!(self.private.last(), Some(None)) {
+            self.private.pop();
+        }
+    }
+
+    /// Every live set, the default first.
+    pub(crate) fn sets(&self) -> impl Iterator<Item = PoolSet> + '_ {
+        let private = self
+            .private
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_some())
+            .map(|(slot, _)| (slot + 1) as PoolSet);
+        core::iter::once(0).chain(private)
+    }
+
+    /// Every block pool.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &BlockPool<S>> + '_ {
+        self.default
+            .iter()
+            .chain(self.private.iter().flatten().flat_map(|p| p.pools.iter()))
+    }
+}
+
+impl<S> Index<(PoolSet, PoolKind)> for Pools<S> {
+    type Output = BlockPool<S>;
+
+    #[inline]
+    fn index(&self, (set, kind): (PoolSet, PoolKind)) -> &BlockPool<S> {
+        if set == 0 {
+            &self.default[kind_index(kind)]
+        } else {
+            &self.private(set).expect("a live pool set").pools[kind_index(kind)]
+        }
+    }
+}
+
+impl<S> IndexMut<(PoolSet, PoolKind)> for Pools<S> {
+    #[inline]
+    fn index_mut(&mut self, (set, kind): (PoolSet, PoolKind)) -> &mut BlockPool<S> {
+        if set == 0 {
+            &mut self.default[kind_index(kind)]
+        } else {
+            &mut self.private_mut(set).expect("a live pool set").pools[kind_index(kind)]
+        }
+    }
+}
+
+impl<D: crate::Device> crate::Allocator<D> {
+    /// torch's `MemPool()` (`createOrIncrefPool` of a new id): a new private pool with use count
+    /// 1, held by the caller until [`Allocator::release_pool`](crate::Allocator::release_pool).
+    pub fn create_pool(&mut self) -> Result<PoolId, PoolError> {
+        self.add_pool(None)
+    }
+
+    /// Adds a private pool (a memory-saver one with `saver`) with use count 1.
+    pub(crate) fn add_pool(&mut self, saver: Option<SaverTag>) -> Result<PoolId, PoolError> {
+        let id = PoolId(0, self.pools.next_user);
+        self.pools.add(PrivatePool {
+            id,
+            pools: [BlockPool::default(), BlockPool::default()],
+            use_count: 1,
+            segments: 0,
+            saver,
+        })?;
+        self.pools.next_user += 1;
+        Ok(id)
+    }
+
+    /// The live private pool `id`, mutably.
+    fn private_pool_mut(&mut self, id: PoolId) -> Result<&mut PrivatePool<D::Stream>, PoolError> {
+        if id.is_default() {
+            return Err(PoolError::Default);
+        }
+        let set = self.pools.set_of(id).ok_or(PoolError::Unknown(id))?;
+        Ok(self.pools.private_mut(set).expect("a live set"))
+    }
+
+    /// torch's `beginAllocateToPool` reference (a `use_mem_pool` scope entering): one more
+    /// holder. A pool whose use count reached 0 cannot be held again.
+    pub fn retain_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
+        let pool = self.private_pool_mut(id)?;
+        if pool.use_count == 0 {
+            return Err(PoolError::Released(id));
+        }
+        pool.use_count += 1;
+        Ok(())
+    }
+
+    /// torch's `releasePool`: one holder fewer. At 0 the pool is freeable: nothing is freed now
+    /// (its live blocks stay valid and return to it when freed); `empty_cache` gives its whole
+    /// free segments back and forgets it once it holds none.
+    pub fn release_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
+        let pool = self.private_pool_mut(id)?;
+        if pool.use_count == 0 {
+            return Err(PoolError::OverReleased(id));
+        }
+        pool.use_count -= 1;
+        Ok(())
+    }
+
+    /// torch's `MemPool.use_count()`.
+    pub fn pool_use_count(&self, id: PoolId) -> Result<u32, PoolError> {
+        if id.is_default() {
+            return Err(PoolError::Default);
+        }
+        let set = self.pools.set_of(id).ok_or(PoolError::Unknown(id))?;
+        Ok(self.pools.private(set).expect("a live set").use_count)
+    }
+
+    /// The private pools alive on this device, in creation order of their slots.
+    pub fn private_pools(&self) -> Vec<PoolId> {
+        self.pools.private.iter().flatten().map(|p| p.id).collect()
+    }
+
+    /// The set requests for `pool` are served from, or why there is none.
+    pub(crate) fn routable_set<E>(&self, pool: PoolId) -> Result<PoolSet, crate::AllocError<E>> {
+        let set = self.pools.set_of(pool).ok_or(PoolError::Unknown(pool))?;
+        if let Some(p) = self.pools.private(set) {
+            if p.use_count == 0 {
+                return Err(PoolError::Released(pool).into());
+            }
+            if let Some(saver) = p.saver.as_ref().filter(|s| s.paused) {
+                return Err(crate::AllocError::Paused {
+                    tag: saver.tag.clone(),
+                });
+            }
+        }
+        Ok(set)
+    }
+
+    /// Counts a segment (device segment or expandable range) in or out of a private pool.
+    pub(crate) fn count_pool_segment(&mut self, set: PoolSet, delta: i32) {
+        if let Some(p) = self.pools.private_mut(set) {
+            p.segments = p.segments.saturating_add_signed(delta);
+        }
+    }
+
+    /// The private pools `release_cached_blocks` empties: every freeable one, or only `only`.
+    pub(crate) fn freeable_sets(&self, only: Option<PoolId>) -> Vec<PoolSet> {
+        self.pools
+            .sets()
+            .filter(|&set| {
+                self.pools
+                    .private(set)
+                    .is_some_and(|p| p.use_count == 0 && only.is_none_or(|id| id == p.id))
+            })
+            .collect()
+    }
+
+    /// Forgets the freeable pools of `sets` that hold no segment any more.
+    pub(crate) fn forget_empty_pools(&mut self, sets: &[PoolSet]) {
+        for &set in sets {
+            if self.pools.private(set).is_some_and(|p| p.segments == 0) {
+                self.pools.remove(set);
+            }
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Private pools (torch's `MemPool`): routing, lifetime, emptying and errors, with exact numbers.
+
+mod common;
+
+use alloc_core::{AllocConf, AllocError, PoolError, PoolId};
+use alloc_sim::{DeviceCall, Fault};
+use common::*;
+
+#[test]
+fn a_pool_serves_only_its_own_requests_and_frees_return_to_it() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    assert_eq!(pool, PoolId(0, 1));
+    assert_eq!(a.create_pool().unwrap(), PoolId(0, 2));
+    let x = a.malloc_in(1000, S0, pool).unwrap();
+    // The pool has its own 2 MiB small segment; the default pools have nothing cached to give.
+    let y = a.malloc(1000, S0).unwrap();
+    assert_eq!(y, x + 2 * MIB);
+    assert_eq!(stat(&a, "segment.small_pool.current"), 2);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (4 * MIB) as i64);
+    // Freed while nothing routes to the pool, x still goes back to it: the default pool's next
+    // request is carved from its own segment, the pool's next request reuses x.
+    a.free(x).unwrap();
+    assert_eq!(a.malloc(1000, S0).unwrap(), y + 1024);
+    assert_eq!(a.malloc_in(1000, S0, pool).unwrap(), x);
+    let snapshot = a.snapshot();
+    assert_eq!(
+        snapshot.iter().map(|s| s.pool_id).collect::<Vec<_>>(),
+        [pool, PoolId::DEFAULT]
+    );
+    check_consistency(&a);
+}
+
+#[test]
+fn a_held_pool_keeps_its_cache_and_a_released_one_is_emptied_and_forgotten() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    let x = a.malloc_in(30 * MIB, S0, pool).unwrap();
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    // Held: torch keeps a live MemPool's segments (test_mempool_destructor).
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (30 * MIB) as i64);
+    a.empty_pool_cache(pool).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (30 * MIB) as i64);
+    // Released, then emptied: the segment goes back and the pool is forgotten.
+    a.release_pool(pool).unwrap();
+    assert_eq!(a.pool_use_count(pool), Ok(0));
+    a.empty_pool_cache(pool).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(a.pool_use_count(pool), Err(PoolError::Unknown(pool)));
+    assert!(a.private_pools().is_empty());
+    check_consistency(&a);
+}
+
+#[test]
+fn a_live_block_keeps_a_released_pool_until_it_is_freed() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    let x = a.malloc_in(30 * MIB, S0, pool).unwrap();
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.private_pools(), [pool]);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (30 * MIB) as i64);
+    // No new allocation can be routed to it.
+    assert_eq!(
+        a.malloc_in(1000, S0, pool),
+        Err(AllocError::Pool(PoolError::Released(pool)))
+    );
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    assert!(a.private_pools().is_empty());
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    check_consistency(&a);
+}
+
+#[test]
+fn use_counts_follow_torch_and_misuse_is_a_typed_error() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    a.retain_pool(pool).unwrap();
+    assert_eq!(a.pool_use_count(pool), Ok(2));
+    a.release_pool(pool).unwrap();
+    a.release_pool(pool).unwrap();
+    assert_eq!(a.release_pool(pool), Err(PoolError::OverReleased(pool)));
+    assert_eq!(a.retain_pool(pool), Err(PoolError::Released(pool)));
+    let unknown = PoolId(0, 99);
+    assert_eq!(a.retain_pool(unknown), Err(PoolError::Unknown(unknown)));
+    assert_eq!(
+        a.malloc_in(1000, S0, unknown),
+        Err(AllocError::Pool(PoolError::Unknown(unknown)))
+    );
+    assert_eq!(a.release_pool(PoolId::DEFAULT), Err(PoolError::Default));
+    // Nothing was allocated by the failed requests.
+    assert_eq!(stat(&a, "allocation.all.current"), 0);
+    assert_eq!(a.device().calls(DeviceCall::Malloc), 0);
+}
+
+#[test]
+fn the_oom_retry_frees_freeable_pools_but_not_held_ones() {
+    // 64 MiB: a held pool's free 30 MiB and a released pool's free 30 MiB; a 30 MiB default
+    // request runs out, the retry frees the released pool's segment only.
+    let mut a = cuda(64 * MIB, &AllocConf::default());
+    let (held, released) = (a.create_pool().unwrap(), a.create_pool().unwrap());
+    let x = a.malloc_in(30 * MIB, S0, held).unwrap();
+    let y = a.malloc_in(30 * MIB, S0, released).unwrap();
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.release_pool(released).unwrap();
+    let z = a.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (60 * MIB) as i64);
+    assert_eq!(a.private_pools(), [held]);
+    a.free(z).unwrap();
+    check_consistency(&a);
+}
+
+#[test]
+fn pools_get_their_own_expandable_segments() {
+    let mut a = cuda(GIB, &conf("expandable_segments:True"));
+    let pool = a.create_pool().unwrap();
+    a.malloc(8 * MIB, S0).unwrap();
+    a.malloc_in(8 * MIB, S0, pool).unwrap();
+    assert_eq!(a.expandable_segments().len(), 2);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    let snapshot = a.snapshot();
+    assert!(snapshot.iter().all(|s| s.is_expandable));
+    assert_eq!(snapshot[1].pool_id, pool);
+    check_consistency(&a);
+    // A device malloc failure inside the pool goes through the same retry chain.
+    a.device_mut()
+        .fail_nth(DeviceCall::CreatePage, 1, Fault::OutOfMemory);
+    a.malloc_in(30 * MIB, S0, pool).unwrap();
+    check_consistency(&a);
+}
