@@ -14,6 +14,7 @@ use crate::block::{BlockId, Blocks};
 use crate::device::Device;
 use crate::error::FractionError;
 use crate::expandable::{ExpandableSegment, Parked};
+use crate::memory_saver::Saver;
 use crate::private_pool::{PoolSet, Pools};
 use crate::size::PoolKind;
 use crate::stats::DeviceStats;
@@ -167,6 +168,8 @@ pub struct Allocator<D: Device> {
     pub(crate) live_expandable: usize,
     /// Pages and ranges the device refused to take back.
     pub(crate) parked: Parked<D::Page>,
+    /// The memory saver's segments and figures.
+    pub(crate) saver: Saver<D::Page, D::HostBuffer>,
     notices: Notices,
 }
 
@@ -200,6 +203,7 @@ impl<D: Device> Allocator<D> {
             expandable: Vec::new(),
             live_expandable: 0,
             parked: Parked::default(),
+            saver: Saver::default(),
             notices: Notices::new(),
         };
         if allocator.conf.garbage_collection_threshold.is_some() && total_memory.is_none() {
@@ -352,6 +356,7 @@ impl<D: Device> Allocator<D> {
     /// `reset_peak_memory_stats`.
     pub fn reset_peak_stats(&mut self) {
         self.stats.reset_peak();
+        self.reset_saver_peaks();
     }
 
     /// `reset_accumulated_memory_stats`.

@@ -306,6 +306,7 @@ impl<D: Device> Allocator<D> {
         self.total_allocated += mapped;
         self.stats.reserved_bytes.increase(pool, mapped);
         self.stats.num_device_alloc += 1;
+        self.note_held();
         match error {
             None => Ok(id),
             Some(e) => Err(e),

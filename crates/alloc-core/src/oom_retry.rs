@@ -16,7 +16,7 @@ use crate::error::{AllocError, OutOfMemory};
 
 /// Which `alloc_block` of the retry chain a segment request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
+pub(crate) enum Stage {
     /// The first, right after the pool lookup (and GC) failed.
     First,
     /// After `release_available_cached_blocks` freed enough oversize blocks.
@@ -112,6 +112,9 @@ impl<D: Device> Allocator<D> {
         if refused {
             return self.after_failed_segment(req, stage, None);
         }
+        if req.set != 0 && self.is_saver_set(req.set) {
+            return self.alloc_saver_segment(req, stage);
+        }
         if self.conf.expandable_segments {
             // Pages are mapped in place, under the caller's lock, as in torch_npu.
             match self.try_allocate_expandable_block(&req) {
@@ -135,7 +138,7 @@ impl<D: Device> Allocator<D> {
     /// The chain after the `alloc_block` at `stage` got no segment (`error`: the device's error
     /// when it was not out-of-memory): release what torch releases there and ask again, or, after
     /// the last, return out-of-memory (or that last attempt's device error).
-    fn after_failed_segment(
+    pub(crate) fn after_failed_segment(
         &mut self,
         req: Request<D::Stream>,
         stage: Stage,
@@ -163,7 +166,7 @@ impl<D: Device> Allocator<D> {
 
     /// Registers a new device segment of `req.alloc_size` bytes at `addr` (the rest of torch's
     /// `alloc_block`) and returns its block.
-    fn add_segment(&mut self, addr: u64, req: &Request<D::Stream>) -> BlockId {
+    pub(crate) fn add_segment(&mut self, addr: u64, req: &Request<D::Stream>) -> BlockId {
         let size = req.alloc_size;
         self.total_allocated += size;
         let id = self
@@ -177,6 +180,7 @@ impl<D: Device> Allocator<D> {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
+        self.note_held();
         id
     }
 

@@ -52,6 +52,8 @@ pub enum PoolError {
     Default,
     /// More private pools than the allocator can index are alive at once (65,535).
     TooMany,
+    /// A memory-saver pool needs virtual memory, which the device does not have.
+    NoVirtualMemory,
 }
 
 impl fmt::Display for PoolError {
@@ -69,6 +71,10 @@ impl fmt::Display for PoolError {
             }
             PoolError::Default => f.write_str("the default pool (0, 0) is not a private pool"),
             PoolError::TooMany => f.write_str("too many private pools alive on this device"),
+            PoolError::NoVirtualMemory => f.write_str(
+                "the memory saver needs virtual memory (aclrtReserveMemAddress and friends), \
+                 which the device does not have",
+            ),
         }
     }
 }

@@ -20,7 +20,13 @@ impl<D: Device> Allocator<D> {
         let block = &self.blocks[id];
         debug_assert!(!block.is_split() && block.is_idle());
         let (addr, size, pool, set) = (block.addr, block.size, block.pool, block.set);
-        self.device.free(addr, size)?;
+        if self.is_saver_segment(addr) {
+            if !self.release_saver_segment(addr, size)? {
+                return Ok(());
+            }
+        } else {
+            self.device.free(addr, size)?;
+        }
         self.pools[(set, pool)].remove(&self.blocks, id);
         self.count_pool_segment(set, -1);
         self.segments.remove(&addr);
@@ -118,6 +124,7 @@ impl<D: Device> Allocator<D> {
         {
             release_result(self.retry_parked())?;
         }
+        self.retry_parked_host();
         let freeable = self.freeable_sets(only);
         let default = only
             .is_none()

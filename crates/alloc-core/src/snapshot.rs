@@ -3,6 +3,7 @@
 //! segment shows as one segment per contiguous mapped range, marked `is_expandable`; its unmapped
 //! address space is left out, as in torch.
 
+use alloc::string::String;
 use alloc::vec::Vec;
 
 use crate::allocator::Allocator;
@@ -67,6 +68,11 @@ pub struct SegmentInfo<S> {
     /// The private pool the segment belongs to, `PoolId::DEFAULT` for the default pools
     /// (torch's `segment_pool_id`).
     pub pool_id: PoolId,
+    /// The memory-saver tag of a segment of a memory-saver pool.
+    pub saver_tag: Option<String>,
+    /// Whether the memory saver has paused the segment (its addresses stay reserved, its
+    /// physical memory is gone until `resume`).
+    pub paused: bool,
     /// Blocks in address order.
     pub blocks: Vec<BlockInfo>,
 }
@@ -78,6 +84,7 @@ impl<D: Device> Allocator<D> {
         for &head in self.segments.values() {
             let first = &self.blocks[head];
             let is_expandable = first.is_expandable();
+            let saver = self.saver_segment_state(first.addr);
             let mut seg: Option<SegmentInfo<D::Stream>> = None;
             let mut next = Some(head);
             while let Some(id) = next {
@@ -98,6 +105,8 @@ impl<D: Device> Allocator<D> {
                     pool: b.pool,
                     is_expandable,
                     pool_id: self.pools.id_of(b.set),
+                    saver_tag: saver.as_ref().map(|s| s.0.clone()),
+                    paused: saver.as_ref().is_some_and(|s| s.1),
                     blocks: Vec::new(),
                 });
                 let state = if b.allocated {

@@ -33,7 +33,10 @@ impl<D: Device> Allocator<D> {
     /// Splits `id` if torch would, marks the front allocated and updates the stats.
     #[inline]
     pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request<D::Stream>) -> u64 {
-        let id = if self.conf.expandable_segments && req.size >= ROUND_LARGE {
+        let id = if self.conf.expandable_segments
+            && req.size >= ROUND_LARGE
+            && !(req.set != 0 && self.is_saver_set(req.set))
+        {
             self.align_base(id, req.size)
         } else {
             id
@@ -44,7 +47,10 @@ impl<D: Device> Allocator<D> {
         let already_split = block.is_split();
         // torch leaves blocks of expandable segments out of `inactive_split`.
         let counted = !block.is_expandable();
-        let expandable = self.conf.expandable_segments;
+        // torch turns expandable segments off for a pool with its own allocator, as the memory
+        // saver's pools are.
+        let expandable =
+            self.conf.expandable_segments && !(req.set != 0 && self.is_saver_set(req.set));
         if should_split(pool, block.size, size, self.conf.max_split_size, expandable) {
             // The front keeps the id and address; the remainder becomes a new free block.
             let remainder = Block {

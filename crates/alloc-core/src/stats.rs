@@ -66,7 +66,7 @@ impl Stat {
         self.freed = add_total(self.freed, delta.wrapping_neg().max(0));
     }
 
-    fn reset_peak(&mut self) {
+    pub(crate) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
 

@@ -117,6 +117,13 @@ pub enum Inconsistency {
         /// Live pages on the device.
         device: usize,
     },
+    /// The device's live host buffers are not the memory saver's backups (plus those it holds).
+    HostLedger {
+        /// Backups of paused segments plus buffers held.
+        allocator: usize,
+        /// Live host buffers on the device.
+        device: usize,
+    },
     /// The device's reserved ranges are not the allocator's expandable segments (plus ranges it
     /// holds).
     RangeLedger {
@@ -198,6 +205,10 @@ impl fmt::Display for Inconsistency {
             Inconsistency::PageLedger { allocator, device } => write!(
                 f,
                 "the allocator maps or holds {allocator} pages but the device has {device}"
+            ),
+            Inconsistency::HostLedger { allocator, device } => write!(
+                f,
+                "the allocator holds {allocator} host buffers but the device has {device}"
             ),
             Inconsistency::RangeLedger { allocator, device } => write!(
                 f,
@@ -338,23 +349,34 @@ fn check_virtual_memory<D: Device>(
     device: &SimDevice,
 ) -> Result<(), Inconsistency> {
     let segments = alloc.expandable_segments();
+    let saver = alloc.saver_segments();
     let held = alloc.held();
-    let pages = segments.iter().map(|e| e.mapped_pages).sum::<usize>() + held.pages;
+    let saver_pages = saver.iter().filter(|s| s.2).count();
+    let pages = segments.iter().map(|e| e.mapped_pages).sum::<usize>() + saver_pages + held.pages;
     if pages != device.live_pages() {
         return Err(Inconsistency::PageLedger {
             allocator: pages,
             device: device.live_pages(),
         });
     }
-    let ranges = segments.len() + held.ranges;
+    let ranges = segments.len() + saver.len() + held.ranges;
     let device_ranges: std::collections::HashMap<u64, u64> = device.reserved_ranges().collect();
     let all_known = segments
         .iter()
-        .all(|e| device_ranges.get(&e.address) == Some(&e.reserved_size));
+        .all(|e| device_ranges.get(&e.address) == Some(&e.reserved_size))
+        && saver
+            .iter()
+            .all(|&(a, size, _)| device_ranges.get(&a) == Some(&size));
     if ranges != device_ranges.len() || !all_known {
         return Err(Inconsistency::RangeLedger {
             allocator: ranges,
             device: device_ranges.len(),
+        });
+    }
+    if alloc.held_host_buffers() != device.live_host_buffers() {
+        return Err(Inconsistency::HostLedger {
+            allocator: alloc.held_host_buffers(),
+            device: device.live_host_buffers(),
         });
     }
     Ok(())
@@ -372,6 +394,7 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
     let oversize = |size: u64| max_split.is_some_and(|m| size >= m);
     let (mut oversize_allocations, mut oversize_segments) = (0i64, 0i64);
     let mut device_segments = 0usize;
+    let mut paused = 0u64;
     for seg in snapshot {
         let p = match seg.pool {
             PoolKind::Small => 0,
@@ -400,6 +423,29 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
                     addr: seg.address,
                     size: seg.total_size,
                 });
+            }
+        } else if seg.saver_tag.is_some() {
+            // A memory-saver segment: its own reserved range, with one page of its size mapped
+            // while it is not paused and nothing mapped while it is.
+            let end = seg.address + seg.total_size;
+            let range_ok =
+                device.range_containing(seg.address) == Some((seg.address, seg.total_size));
+            let mapped: Vec<(u64, u64)> = device.mappings_in(seg.address, end).collect();
+            let mapping_ok = if seg.paused {
+                mapped.is_empty()
+            } else {
+                mapped == [(seg.address, seg.total_size)]
+            };
+            if !range_ok || !mapping_ok {
+                return Err(Inconsistency::MappingMismatch {
+                    addr: seg.address,
+                    size: seg.total_size,
+                });
+            }
+            oversize_segments += i64::from(oversize(seg.total_size));
+            r.segment[p] += 1;
+            if seg.paused {
+                paused += seg.total_size;
             }
         } else {
             if device.segment_size(seg.address) != Some(seg.total_size) {
@@ -479,7 +525,16 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
     )?;
     check_peaks(alloc)?;
     let reserved = s.reserved_bytes.all.current;
-    let on_device = device.outstanding_bytes() + device.mapped_bytes();
+    // Paused memory-saver segments stay reserved in torch's figures but hold no memory.
+    let on_device = device.outstanding_bytes() + device.mapped_bytes() + paused;
+    let saver = alloc.saver_stats();
+    if saver.paused_bytes.current != paused as i64 {
+        return Err(Inconsistency::Stat {
+            key: "memory saver paused_bytes.current".into(),
+            reported: saver.paused_bytes.current,
+            recounted: paused as i64,
+        });
+    }
     if reserved != on_device as i64 {
         return Err(Inconsistency::DeviceLedger {
             reserved,

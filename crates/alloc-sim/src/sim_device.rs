@@ -1318,7 +1318,10 @@ mod tests {
         d.write_bytes(seg + 10, b"segment").unwrap();
         assert_eq!(d.read_bytes(seg + 10, 7).unwrap(), b"segment");
         let va = d.reserve_address(8 * MIB).unwrap();
-        let (p0, p1) = (d.create_page(4 * MIB).unwrap(), d.create_page(4 * MIB).unwrap());
+        let (p0, p1) = (
+            d.create_page(4 * MIB).unwrap(),
+            d.create_page(4 * MIB).unwrap(),
+        );
         d.map(va, 4 * MIB, &p0).unwrap();
         d.map(va + 4 * MIB, 4 * MIB, &p1).unwrap();
         // A write across the two pages.
@@ -1331,7 +1334,10 @@ mod tests {
             d.unmap(addr, 4 * MIB).unwrap();
             d.release_page(page).unwrap();
         }
-        let (q0, q1) = (d.create_page(4 * MIB).unwrap(), d.create_page(4 * MIB).unwrap());
+        let (q0, q1) = (
+            d.create_page(4 * MIB).unwrap(),
+            d.create_page(4 * MIB).unwrap(),
+        );
         d.map(va, 4 * MIB, &q0).unwrap();
         d.map(va + 4 * MIB, 4 * MIB, &q1).unwrap();
         assert_eq!(d.read_bytes(va + 4 * MIB - 3, 6).unwrap(), vec![0; 6]);

@@ -1,0 +1,581 @@
+//! The memory saver: torch_memory_saver's `region`, `pause` and `resume`, built into the cache.
+//!
+//! A tag names a private pool (one per tag and backup choice) whose segments are backed by
+//! virtual memory: each segment is its own reserved address range with one physical page of the
+//! segment's size mapped into it. `pause(tag)` synchronizes the device, copies each mapped
+//! segment of the tag to host memory if the tag keeps a CPU backup, then unmaps and frees its
+//! physical memory; the address ranges stay reserved and every block (live or cached) stays
+//! where it is, so torch's stats do not move. `resume(tag)` creates new physical memory, maps it
+//! at the same addresses and copies the backup back. Unlike torch_memory_saver, which sits below
+//! the cache, the policy knows every segment's state, so each misuse is a typed error:
+//!
+//! - allocating in a paused tag's region: [`AllocError::Paused`](crate::AllocError::Paused)
+//!   (never an unmapped address, never a new segment that a later resume would trip over);
+//! - freeing into a paused tag: allowed, bookkeeping only (no device access);
+//! - `pause(tag)` of a paused tag: [`SaverError::AlreadyPaused`]; `pause()` of every tag skips
+//!   the paused ones;
+//! - `resume(tag)` of a tag that is not paused: [`SaverError::NotPaused`]; `resume()` of every
+//!   tag resumes the paused ones;
+//! - an unknown tag: [`SaverError::UnknownTag`];
+//! - `empty_cache` while paused: the tags' pools are held, so their segments stay, as torch
+//!   keeps a live `MemPool`'s cache;
+//! - out of memory while resuming: every segment this call mapped is unmapped again (its backup
+//!   kept), the tag stays paused and a later `resume` can still succeed.
+
+use alloc::collections::BTreeMap;
+use alloc::string::{String, ToString};
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::allocator::{Allocator, Request};
+use crate::device::{Device, VmmError};
+use crate::error::AllocError;
+use crate::oom_retry::MallocStep;
+use crate::private_pool::{PoolError, PoolId, PoolSet, SaverTag};
+use crate::stats::Stat;
+
+/// One memory-saver segment: its physical page while mapped, its CPU backup while paused.
+#[derive(Debug)]
+pub(crate) struct SaverSegment<P, H> {
+    size: u64,
+    set: PoolSet,
+    page: Option<P>,
+    backup: Option<H>,
+}
+
+/// The memory saver's books.
+#[derive(Debug)]
+pub(crate) struct Saver<P, H> {
+    /// Every memory-saver segment by address.
+    segments: BTreeMap<u64, SaverSegment<P, H>>,
+    /// Bytes paused, all tags together.
+    paused: Stat,
+    /// Physical memory held: reserved bytes less paused ones.
+    held: Stat,
+    /// Bytes paused per tag.
+    per_tag: BTreeMap<String, Stat>,
+    /// Host buffers the device refused to take back, offered again by `empty_cache`.
+    pub(crate) parked_host: Vec<H>,
+}
+
+impl<P, H> Default for Saver<P, H> {
+    fn default() -> Self {
+        Saver {
+            segments: BTreeMap::new(),
+            paused: Stat::default(),
+            held: Stat::default(),
+            per_tag: BTreeMap::new(),
+            parked_host: Vec::new(),
+        }
+    }
+}
+
+/// A failed `pause` or `resume`; see the module documentation for what each leaves behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SaverError<E> {
+    /// No region of this tag was ever entered on this device.
+    UnknownTag(String),
+    /// `pause(tag)` of a tag whose memory is already paused.
+    AlreadyPaused(String),
+    /// `resume(tag)` of a tag that is not paused.
+    NotPaused(String),
+    /// `resume` could not create physical memory for a segment of `bytes` bytes; what this call
+    /// had mapped was unmapped again and the tag stays paused.
+    OutOfMemory {
+        /// The tag being resumed.
+        tag: String,
+        /// The segment that did not fit.
+        bytes: u64,
+    },
+    /// The device has no virtual memory or host copies.
+    Unsupported,
+    /// A device call failed; the books are exact and the call can be retried.
+    Device(E),
+}
+
+impl<E: fmt::Display> fmt::Display for SaverError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SaverError::UnknownTag(tag) => write!(f, "memory saver tag {tag:?} has no region"),
+            SaverError::AlreadyPaused(tag) => {
+                write!(f, "memory saver tag {tag:?} is already paused")
+            }
+            SaverError::NotPaused(tag) => write!(f, "memory saver tag {tag:?} is not paused"),
+            SaverError::OutOfMemory { tag, bytes } => write!(
+                f,
+                "out of device memory resuming tag {tag:?} (a segment of {bytes} bytes); it stays \
+                 paused"
+            ),
+            SaverError::Unsupported => f.write_str(
+                "the memory saver needs virtual memory and host copies, which the device lacks",
+            ),
+            SaverError::Device(e) => write!(f, "device error: {e}"),
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> core::error::Error for SaverError<E> {}
+
+/// The memory saver's figures (not torch keys: torch's stats do not move on a pause).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SaverStats {
+    /// Bytes paused, all tags together (current and peak).
+    pub paused_bytes: Stat,
+    /// Physical memory held: `reserved_bytes` less the paused bytes (current and peak).
+    pub held_bytes: Stat,
+    /// Per tag, in tag order.
+    pub tags: Vec<TagStats>,
+}
+
+/// One tag's figures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagStats {
+    /// The tag.
+    pub tag: String,
+    /// Whether it is paused.
+    pub paused: bool,
+    /// Its segments (both backup choices).
+    pub segments: usize,
+    /// Bytes of its segments.
+    pub bytes: u64,
+    /// Bytes paused (current and peak).
+    pub paused_bytes: Stat,
+}
+
+/// The error of a virtual-memory call, as a saver error.
+fn saver_err<E>(e: VmmError<E>, tag: &str, bytes: u64) -> SaverError<E> {
+    match e {
+        VmmError::Unsupported => SaverError::Unsupported,
+        VmmError::OutOfMemory => SaverError::OutOfMemory {
+            tag: tag.to_string(),
+            bytes,
+        },
+        VmmError::Other(e) => SaverError::Device(e),
+    }
+}
+
+impl<D: Device> Allocator<D> {
+    /// The private pool of memory-saver tag `tag` with or without CPU backup, made on first use
+    /// (torch_memory_saver keeps one `MemPool` per tag and backup choice for the process's
+    /// life). The device must have virtual memory: it is probed as for expandable segments.
+    pub fn saver_pool(&mut self, tag: &str, cpu_backup: bool) -> Result<PoolId, PoolError> {
+        let existing = self.pools.private.iter().flatten().find(|p| {
+            p.saver
+                .as_ref()
+                .is_some_and(|s| s.tag == tag && s.cpu_backup == cpu_backup)
+        });
+        if let Some(p) = existing {
+            return Ok(p.id);
+        }
+        if !self.probe_virtual_memory() {
+            return Err(PoolError::NoVirtualMemory);
+        }
+        // A tag paused before keeps refusing allocations in its new pool too.
+        let paused = self.tag_sets(tag).iter().any(|&set| self.set_paused(set));
+        self.add_pool(Some(SaverTag {
+            tag: tag.to_string(),
+            cpu_backup,
+            paused,
+        }))
+    }
+
+    /// Whether pool set `set` is a memory-saver pool.
+    #[inline]
+    pub(crate) fn is_saver_set(&self, set: PoolSet) -> bool {
+        self.pools.private(set).is_some_and(|p| p.saver.is_some())
+    }
+
+    fn saver_tag(&self, set: PoolSet) -> &SaverTag {
+        self.pools
+            .private(set)
+            .and_then(|p| p.saver.as_ref())
+            .expect("a memory-saver set")
+    }
+
+    fn set_paused(&self, set: PoolSet) -> bool {
+        self.saver_tag(set).paused
+    }
+
+    /// The memory-saver sets of `tag`.
+    fn tag_sets(&self, tag: &str) -> Vec<PoolSet> {
+        self.pools
+            .sets()
+            .filter(|&set| self.is_saver_set(set) && self.saver_tag(set).tag == tag)
+            .collect()
+    }
+
+    /// The memory-saver sets a pause or resume of `tag` (every tag for `None`) acts on.
+    fn saver_sets(&self, tag: Option<&str>) -> Result<Vec<PoolSet>, SaverError<D::Error>> {
+        match tag {
+            Some(tag) => {
+                let sets = self.tag_sets(tag);
+                if sets.is_empty() {
+                    return Err(SaverError::UnknownTag(tag.to_string()));
+                }
+                Ok(sets)
+            }
+            None => Ok(self
+                .pools
+                .sets()
+                .filter(|&set| self.is_saver_set(set))
+                .collect()),
+        }
+    }
+
+    /// The mapped (`mapped`) or paused segments of `sets`, in address order.
+    fn saver_segments_of(&self, sets: &[PoolSet], mapped: bool) -> Vec<u64> {
+        self.saver
+            .segments
+            .iter()
+            .filter(|(_, s)| sets.contains(&s.set) && s.page.is_some() == mapped)
+            .map(|(&addr, _)| addr)
+            .collect()
+    }
+
+    /// torch_memory_saver's `pause(tag)` (every tag for `None`): returns the bytes paused.
+    pub fn pause(&mut self, tag: Option<&str>) -> Result<u64, SaverError<D::Error>> {
+        let mut sets = self.saver_sets(tag)?;
+        if tag.is_none() {
+            // `pause()` leaves the tags already paused alone.
+            sets.retain(|&set| !self.set_paused(set));
+        }
+        let targets = self.saver_segments_of(&sets, true);
+        if let Some(tag) = tag {
+            let all_paused = sets.iter().all(|&set| self.set_paused(set));
+            if all_paused && targets.is_empty() {
+                return Err(SaverError::AlreadyPaused(tag.to_string()));
+            }
+        }
+        // Work queued on the device may still use the memory: wait for it first.
+        self.device.synchronize().map_err(SaverError::Device)?;
+        for &set in &sets {
+            if let Some(s) = self.pools.private_mut(set).and_then(|p| p.saver.as_mut()) {
+                s.paused = true;
+            }
+        }
+        let mut paused = 0;
+        for addr in targets {
+            paused += self.pause_segment(addr)?;
+        }
+        Ok(paused)
+    }
+
+    /// Backs up (if the tag asks), unmaps and frees one mapped segment's memory.
+    fn pause_segment(&mut self, addr: u64) -> Result<u64, SaverError<D::Error>> {
+        let seg = &self.saver.segments[&addr];
+        let (size, set) = (seg.size, seg.set);
+        let SaverTag {
+            tag, cpu_backup, ..
+        } = self.saver_tag(set).clone();
+        let backup = if cpu_backup {
+            let mut buffer = self
+                .device
+                .alloc_host(size)
+                .map_err(|e| saver_err(e, &tag, size))?;
+            if let Err(e) = self.device.copy_to_host(&mut buffer, addr, size) {
+                self.give_back_host(buffer);
+                return Err(saver_err(e, &tag, size));
+            }
+            Some(buffer)
+        } else {
+            None
+        };
+        if let Err(e) = self.device.unmap(addr, size) {
+            if let Some(buffer) = backup {
+                self.give_back_host(buffer);
+            }
+            return Err(saver_err(e, &tag, size));
+        }
+        let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+        let page = seg.page.take().expect("a mapped segment");
+        seg.backup = backup;
+        self.give_back_page(page);
+        self.saver.paused.increase(size);
+        self.saver.per_tag.entry(tag).or_default().increase(size);
+        self.note_held();
+        Ok(size)
+    }
+
+    /// torch_memory_saver's `resume(tag)` (every paused tag for `None`): returns the bytes
+    /// mapped again. On failure every segment this call mapped is unmapped again, with its
+    /// backup kept, and the tag stays paused.
+    pub fn resume(&mut self, tag: Option<&str>) -> Result<u64, SaverError<D::Error>> {
+        let mut sets = self.saver_sets(tag)?;
+        sets.retain(|&set| self.set_paused(set));
+        if let (Some(tag), true) = (tag, sets.is_empty()) {
+            return Err(SaverError::NotPaused(tag.to_string()));
+        }
+        let targets = self.saver_segments_of(&sets, false);
+        let mut done = Vec::with_capacity(targets.len());
+        for addr in targets {
+            match self.resume_segment(addr) {
+                Ok(()) => done.push(addr),
+                Err(e) => {
+                    for &addr in done.iter().rev() {
+                        self.unmap_again(addr);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let mut bytes = 0;
+        for &addr in &done {
+            let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+            bytes += seg.size;
+            if let Some(buffer) = seg.backup.take() {
+                self.give_back_host(buffer);
+            }
+        }
+        for &set in &sets {
+            if let Some(s) = self.pools.private_mut(set).and_then(|p| p.saver.as_mut()) {
+                s.paused = false;
+            }
+        }
+        Ok(bytes)
+    }
+
+    /// Creates and maps new memory for one paused segment, and copies its backup back.
+    fn resume_segment(&mut self, addr: u64) -> Result<(), SaverError<D::Error>> {
+        let seg = &self.saver.segments[&addr];
+        let (size, set) = (seg.size, seg.set);
+        let tag = self.saver_tag(set).tag.clone();
+        let page = self
+            .device
+            .create_page(size)
+            .map_err(|e| saver_err(e, &tag, size))?;
+        if let Err(e) = self.device.map(addr, size, &page) {
+            self.give_back_page(page);
+            return Err(saver_err(e, &tag, size));
+        }
+        let seg = &self.saver.segments[&addr];
+        if let Some(backup) = seg.backup.as_ref() {
+            if let Err(e) = self.device.copy_to_device(addr, backup, size) {
+                if self.device.unmap(addr, size).is_ok() {
+                    self.give_back_page(page);
+                } else {
+                    // Still mapped: keep the page there, so the books match the device.
+                    self.finish_resume(addr, page, &tag);
+                }
+                return Err(saver_err(e, &tag, size));
+            }
+        }
+        self.finish_resume(addr, page, &tag);
+        Ok(())
+    }
+
+    /// Records a segment as mapped again.
+    fn finish_resume(&mut self, addr: u64, page: D::Page, tag: &str) {
+        let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+        seg.page = Some(page);
+        let size = seg.size;
+        self.saver.paused.decrease(size);
+        if let Some(stat) = self.saver.per_tag.get_mut(tag) {
+            stat.decrease(size);
+        }
+        self.note_held();
+    }
+
+    /// Undoes a resume of one segment (its backup is still held); if the device refuses the
+    /// unmap the segment stays mapped, which a later resume skips.
+    fn unmap_again(&mut self, addr: u64) {
+        let seg = &self.saver.segments[&addr];
+        let (size, set) = (seg.size, seg.set);
+        if self.device.unmap(addr, size).is_err() {
+            return;
+        }
+        let tag = self.saver_tag(set).tag.clone();
+        let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+        let page = seg.page.take().expect("mapped by this resume");
+        self.give_back_page(page);
+        self.saver.paused.increase(size);
+        self.saver.per_tag.entry(tag).or_default().increase(size);
+        self.note_held();
+    }
+
+    /// Gives a physical page back to the device, or parks it.
+    fn give_back_page(&mut self, page: D::Page) {
+        if let Err((page, _)) = self.device.release_page(page) {
+            self.parked.pages.push(page);
+        }
+    }
+
+    /// Gives a host buffer back to the device, or parks it.
+    fn give_back_host(&mut self, buffer: D::HostBuffer) {
+        if let Err((buffer, _)) = self.device.free_host(buffer) {
+            self.saver.parked_host.push(buffer);
+        }
+    }
+
+    /// Offers parked host buffers again.
+    pub(crate) fn retry_parked_host(&mut self) {
+        for buffer in core::mem::take(&mut self.saver.parked_host) {
+            self.give_back_host(buffer);
+        }
+    }
+
+    /// Updates the held-memory figure after reserved or paused bytes changed.
+    pub(crate) fn note_held(&mut self) {
+        let held = self.stats.reserved_bytes.all.current - self.saver.paused.current;
+        let h = &mut self.saver.held;
+        h.current = held;
+        h.peak = h.peak.max(held);
+    }
+
+    /// Resets the memory saver's peaks (with `reset_peak_memory_stats`).
+    pub(crate) fn reset_saver_peaks(&mut self) {
+        self.saver.paused.reset_peak();
+        self.saver.held.reset_peak();
+        for stat in self.saver.per_tag.values_mut() {
+            stat.reset_peak();
+        }
+    }
+
+    /// The memory saver's figures.
+    pub fn saver_stats(&self) -> SaverStats {
+        let mut held = self.saver.held;
+        held.current = self.stats.reserved_bytes.all.current - self.saver.paused.current;
+        let mut tags: BTreeMap<&str, TagStats> = BTreeMap::new();
+        for set in self.pools.sets().filter(|&s| self.is_saver_set(s)) {
+            let t = self.saver_tag(set);
+            let entry = tags.entry(&t.tag).or_insert_with(|| TagStats {
+                tag: t.tag.clone(),
+                paused: false,
+                segments: 0,
+                bytes: 0,
+                paused_bytes: self.saver.per_tag.get(&t.tag).copied().unwrap_or_default(),
+            });
+            entry.paused |= t.paused;
+            for s in self.saver.segments.values().filter(|s| s.set == set) {
+                entry.segments += 1;
+                entry.bytes += s.size;
+            }
+        }
+        SaverStats {
+            paused_bytes: self.saver.paused,
+            held_bytes: held,
+            tags: tags.into_values().collect(),
+        }
+    }
+
+    /// The tag of the memory-saver segment at `addr` and whether it is paused, for snapshots.
+    pub(crate) fn saver_segment_state(&self, addr: u64) -> Option<(String, bool)> {
+        let seg = self.saver.segments.get(&addr)?;
+        Some((self.saver_tag(seg.set).tag.clone(), seg.page.is_none()))
+    }
+
+    /// A miss in a memory-saver pool: a new segment is a reserved range of `alloc_size` bytes
+    /// with one physical page of that size mapped into it. Out of memory goes on along the
+    /// chain; nothing of a failed attempt is left.
+    pub(crate) fn alloc_saver_segment(
+        &mut self,
+        req: Request<D::Stream>,
+        stage: crate::oom_retry::Stage,
+    ) -> MallocStep<D::Error, D::Stream> {
+        let bytes = req.alloc_size;
+        let outcome = (|| {
+            let addr = self.device.reserve_address(bytes)?;
+            let page = match self.device.create_page(bytes) {
+                Ok(page) => page,
+                Err(e) => {
+                    self.give_back_range(addr, bytes);
+                    return Err(e);
+                }
+            };
+            if let Err(e) = self.device.map(addr, bytes, &page) {
+                self.give_back_page(page);
+                self.give_back_range(addr, bytes);
+                return Err(e);
+            }
+            Ok((addr, page))
+        })();
+        match outcome {
+            Ok((addr, page)) => {
+                self.saver.segments.insert(
+                    addr,
+                    SaverSegment {
+                        size: bytes,
+                        set: req.set,
+                        page: Some(page),
+                        backup: None,
+                    },
+                );
+                let id = self.add_segment(addr, &req);
+                MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
+            }
+            Err(VmmError::Other(e)) => MallocStep::Done(Err(AllocError::Device(e))),
+            Err(VmmError::OutOfMemory | VmmError::Unsupported) => {
+                self.after_failed_segment(req, stage, None)
+            }
+        }
+    }
+
+    /// Gives a reserved range back, or parks it.
+    fn give_back_range(&mut self, addr: u64, bytes: u64) {
+        if self.device.release_address(addr, bytes).is_err() {
+            self.parked.ranges.push((addr, bytes));
+        }
+    }
+
+    /// Releases a whole free memory-saver segment: unmaps and frees its memory (if mapped), its
+    /// backup (if paused) and its range. `Ok(false)` when the device refused the unmap in a way
+    /// with no error to report (the segment stays).
+    pub(crate) fn release_saver_segment(&mut self, addr: u64, size: u64) -> Result<bool, D::Error> {
+        let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+        if let Some(page) = seg.page.take() {
+            match self.device.unmap(addr, size) {
+                Ok(()) => self.give_back_page(page),
+                Err(e) => {
+                    self.saver
+                        .segments
+                        .get_mut(&addr)
+                        .expect("a saver segment")
+                        .page = Some(page);
+                    return match e {
+                        VmmError::Other(e) => Err(e),
+                        VmmError::Unsupported | VmmError::OutOfMemory => Ok(false),
+                    };
+                }
+            }
+        } else {
+            // A paused segment's bytes leave the paused figures with it.
+            let set = seg.set;
+            let tag = self.saver_tag(set).tag.clone();
+            self.saver.paused.decrease(size);
+            if let Some(stat) = self.saver.per_tag.get_mut(&tag) {
+                stat.decrease(size);
+            }
+        }
+        let seg = self.saver.segments.remove(&addr).expect("a saver segment");
+        if let Some(buffer) = seg.backup {
+            self.give_back_host(buffer);
+        }
+        self.give_back_range(addr, size);
+        Ok(true)
+    }
+
+    /// Whether a memory-saver segment lives at `addr`.
+    #[inline]
+    pub(crate) fn is_saver_segment(&self, addr: u64) -> bool {
+        !self.saver.segments.is_empty() && self.saver.segments.contains_key(&addr)
+    }
+
+    /// Memory-saver segments and their state, for the checker: (address, size, mapped).
+    pub fn saver_segments(&self) -> Vec<(u64, u64, bool)> {
+        self.saver
+            .segments
+            .iter()
+            .map(|(&a, s)| (a, s.size, s.page.is_some()))
+            .collect()
+    }
+
+    /// Host buffers the allocator holds: paused segments' backups and parked ones.
+    pub fn held_host_buffers(&self) -> usize {
+        self.saver
+            .segments
+            .values()
+            .filter(|s| s.backup.is_some())
+            .count()
+            + self.saver.parked_host.len()
+    }
+}

@@ -1,0 +1,244 @@
+//! The memory saver: pause and resume at the same addresses, CPU backup, misuse, out of memory
+//! while resuming, failures of every device call; exact numbers and the device's own accounting.
+
+mod common;
+
+use alloc_core::{AllocConf, AllocError, SaverError};
+use alloc_sim::{DeviceCall, Fault, SimDevice, TestDevice};
+use common::*;
+
+type A = alloc_core::Allocator<TestDevice>;
+
+fn free_on_device(a: &mut A) -> u64 {
+    a.device_mut().mem_info().unwrap().free
+}
+
+use alloc_core::Device;
+
+/// Weights (20 MiB + 4 MiB, CPU backup) and a KV cache (30 MiB, none) in two tags, plus 8 MiB in
+/// the default pool, on a 100 MiB device.
+fn rollout() -> (A, [u64; 4]) {
+    let mut a = cuda(100 * MIB, &AllocConf::default());
+    let weights = a.saver_pool("weights", true).unwrap();
+    let kv = a.saver_pool("kv", false).unwrap();
+    let w1 = a.malloc_in(20 * MIB, S0, weights).unwrap();
+    let w2 = a.malloc_in(4 * MIB, S0, weights).unwrap();
+    let cache = a.malloc_in(30 * MIB, S0, kv).unwrap();
+    let other = a.malloc(8 * MIB, S0).unwrap();
+    (a, [w1, w2, cache, other])
+}
+
+#[test]
+fn pause_returns_the_memory_and_resume_maps_it_at_the_same_addresses() {
+    let (mut a, [w1, w2, cache, other]) = rollout();
+    // Segments: weights 20 MiB (w1 and w2 share it: 20 MiB rounds to a 20 MiB segment, so w2
+    // gets its own 20 MiB one), kv 30 MiB, default 20 MiB.
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (90 * MIB) as i64);
+    assert_eq!(free_on_device(&mut a), 10 * MIB);
+    let keys = a.stats().flat();
+    let current = |a: &A| -> Vec<(String, i64)> {
+        let mut flat = a.stats().flat();
+        flat.retain(|(k, _)| k.ends_with(".current"));
+        flat
+    };
+    let before = current(&a);
+    assert_eq!(a.pause(Some("weights")), Ok(40 * MIB));
+    // torch's figures do not move; the device has the memory back.
+    assert_eq!(a.stats().flat(), keys);
+    assert_eq!(free_on_device(&mut a), 50 * MIB);
+    let s = a.saver_stats();
+    assert_eq!(s.paused_bytes.current, (40 * MIB) as i64);
+    assert_eq!(s.held_bytes.current, (50 * MIB) as i64);
+    assert_eq!(s.held_bytes.peak, (90 * MIB) as i64);
+    assert_eq!(
+        s.tags
+            .iter()
+            .map(|t| (t.tag.as_str(), t.paused, t.bytes))
+            .collect::<Vec<_>>(),
+        [("kv", false, 30 * MIB), ("weights", true, 40 * MIB)]
+    );
+    check_consistency(&a);
+    // The default pool and the other tag are untouched; a trainer step may use the memory.
+    let step = a.malloc(40 * MIB, S0).unwrap();
+    a.free(step).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.resume(Some("weights")), Ok(40 * MIB));
+    assert_eq!(current(&a), before);
+    assert_eq!(free_on_device(&mut a), 10 * MIB);
+    assert_eq!(a.saver_stats().paused_bytes.current, 0);
+    assert_eq!(a.saver_stats().paused_bytes.peak, (40 * MIB) as i64);
+    for p in [w1, w2, cache, other] {
+        a.free(p).unwrap();
+    }
+    check_consistency(&a);
+}
+
+#[test]
+fn a_cpu_backup_restores_the_bytes_and_without_one_they_are_gone() {
+    let (mut a, [w1, _, cache, _]) = rollout();
+    a.device_mut().write_bytes(w1 + 123, b"weights").unwrap();
+    a.device_mut().write_bytes(cache + 9, b"kv").unwrap();
+    a.pause(None).unwrap();
+    assert_eq!(a.device().live_host_buffers(), 2);
+    a.resume(None).unwrap();
+    assert_eq!(a.device().read_bytes(w1 + 123, 7).unwrap(), b"weights");
+    assert_eq!(a.device().read_bytes(cache + 9, 2).unwrap(), [0, 0]);
+    assert_eq!(a.device().live_host_buffers(), 0);
+    check_consistency(&a);
+}
+
+#[test]
+fn misuse_is_a_typed_error_and_changes_nothing() {
+    let (mut a, [w1, _, _, _]) = rollout();
+    let weights = a.saver_pool("weights", true).unwrap();
+    assert_eq!(
+        a.resume(Some("weights")),
+        Err(SaverError::NotPaused("weights".into()))
+    );
+    assert_eq!(
+        a.pause(Some("nope")),
+        Err(SaverError::UnknownTag("nope".into()))
+    );
+    a.pause(Some("weights")).unwrap();
+    assert_eq!(
+        a.pause(Some("weights")),
+        Err(SaverError::AlreadyPaused("weights".into()))
+    );
+    // pause() of every tag pauses the others only.
+    assert_eq!(a.pause(None), Ok(30 * MIB));
+    // Nothing is handed out of a paused tag, cached or new.
+    assert_eq!(
+        a.malloc_in(1000, S0, weights),
+        Err(AllocError::Paused {
+            tag: "weights".into()
+        })
+    );
+    // A free into a paused tag is bookkeeping only.
+    let calls = a.device().calls(DeviceCall::Free) + a.device().calls(DeviceCall::Unmap);
+    a.free(w1).unwrap();
+    assert_eq!(
+        a.device().calls(DeviceCall::Free) + a.device().calls(DeviceCall::Unmap),
+        calls
+    );
+    // empty_cache while paused: the tags' pools are held, their segments stay.
+    a.empty_cache().unwrap();
+    assert_eq!(a.saver_stats().paused_bytes.current, (70 * MIB) as i64);
+    check_consistency(&a);
+    assert_eq!(a.resume(None), Ok(70 * MIB));
+    assert_eq!(a.resume(None), Ok(0));
+    check_consistency(&a);
+}
+
+#[test]
+fn out_of_memory_while_resuming_leaves_nothing_mapped_and_can_be_retried() {
+    let (mut a, _) = rollout();
+    a.pause(Some("weights")).unwrap();
+    // A trainer step takes 40 MiB of the 50 MiB free: only one 20 MiB weight segment fits.
+    let step = a.malloc(40 * MIB, S0).unwrap();
+    let pages = a.device().live_pages();
+    assert_eq!(
+        a.resume(Some("weights")),
+        Err(SaverError::OutOfMemory {
+            tag: "weights".into(),
+            bytes: 20 * MIB
+        })
+    );
+    assert_eq!(a.device().live_pages(), pages);
+    assert_eq!(a.saver_stats().paused_bytes.current, (40 * MIB) as i64);
+    check_consistency(&a);
+    a.free(step).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.resume(Some("weights")), Ok(40 * MIB));
+    check_consistency(&a);
+}
+
+#[test]
+fn failed_device_calls_leave_the_books_exact() {
+    for call in [
+        DeviceCall::Synchronize,
+        DeviceCall::AllocHost,
+        DeviceCall::CopyToHost,
+        DeviceCall::Unmap,
+        DeviceCall::ReleasePage,
+    ] {
+        let (mut a, [w1, ..]) = rollout();
+        a.device_mut().write_bytes(w1, b"w").unwrap();
+        a.device_mut().fail_nth(call, 1, Fault::Error(507_899));
+        let result = a.pause(Some("weights"));
+        check_consistency(&a);
+        // A refused page is held; anything else fails the pause, which can be retried.
+        if call == DeviceCall::ReleasePage {
+            assert_eq!(result, Ok(40 * MIB));
+            assert_eq!(a.held().pages, 1);
+            // The next empty_cache gives it back (its 20 MiB are needed to resume).
+            a.empty_cache().unwrap();
+            assert_eq!(a.held().pages, 0);
+        } else {
+            assert!(
+                matches!(result, Err(SaverError::Device(_))),
+                "{call}: {result:?}"
+            );
+            a.pause(Some("weights")).unwrap();
+        }
+        for call in [
+            DeviceCall::CreatePage,
+            DeviceCall::Map,
+            DeviceCall::CopyToDevice,
+        ] {
+            a.device_mut().fail_nth(call, 2, Fault::Error(507_899));
+            let before = (
+                a.device().live_pages(),
+                a.device().page_bytes(),
+                a.saver_stats().paused_bytes.current,
+                a.held(),
+            );
+            let result = a.resume(Some("weights"));
+            eprintln!(
+                "{call}: before {before:?} after {:?} {:?} {:?}",
+                (a.device().live_pages(), a.device().page_bytes()),
+                a.saver_stats().paused_bytes.current,
+                a.saver_segments()
+            );
+            assert!(
+                matches!(result, Err(SaverError::Device(_))),
+                "{call}: {result:?}"
+            );
+            check_consistency(&a);
+        }
+        assert_eq!(a.resume(Some("weights")), Ok(40 * MIB));
+        assert_eq!(a.device().read_bytes(w1, 1).unwrap(), b"w", "{call}");
+        a.empty_cache().unwrap();
+        check_consistency(&a);
+    }
+}
+
+#[test]
+fn a_device_without_virtual_memory_has_no_memory_saver() {
+    let mut a = alloc_core::Allocator::new(
+        TestDevice::new(SimDevice::new(GIB).without_vmm()),
+        &AllocConf::default(),
+        alloc_core::DeviceFacts::cuda_parity(0),
+    );
+    assert_eq!(
+        a.saver_pool("kv", false),
+        Err(alloc_core::PoolError::NoVirtualMemory)
+    );
+}
+
+#[test]
+fn releasing_a_saver_segment_gives_back_its_range_page_and_backup() {
+    let mut a = cuda(100 * MIB, &AllocConf::default());
+    let pool = a.saver_pool("kv", true).unwrap();
+    let p = a.malloc_in(30 * MIB, S0, pool).unwrap();
+    a.free(p).unwrap();
+    // A saver pool is held for good: empty_cache keeps it, as torch keeps a live MemPool.
+    a.empty_cache().unwrap();
+    assert_eq!(a.device().reserved_ranges().count(), 1);
+    // Released (the runtime never does this; the core allows it), it goes back whole.
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.device().reserved_ranges().count(), 0);
+    assert_eq!(a.device().live_pages(), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    check_consistency(&a);
+}
