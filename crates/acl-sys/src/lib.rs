@@ -27,7 +27,7 @@ mod types;
 pub use error::*;
 pub use loader::{HOME_ENV_VARS, LIB_ENV_VAR, LIB_NAME, candidate_paths};
 pub use symbols::{
-    Event, InitStatus, Lib, MAX_DEVICES, OPTIONAL_SYMBOLS, PhysicalMem, REQUIRED_ONE_OF,
-    REQUIRED_SYMBOLS, Result, Stream, VMM_SYMBOLS,
+    Event, HOST_COPY_SYMBOLS, HostMem, InitStatus, Lib, MAX_DEVICES, OPTIONAL_SYMBOLS, PhysicalMem,
+    REQUIRED_ONE_OF, REQUIRED_SYMBOLS, Result, Stream, VMM_SYMBOLS,
 };
 pub use types::*;

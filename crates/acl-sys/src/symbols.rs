@@ -20,15 +20,23 @@
 //! ([`DevicePtr`], from malloc and reserve) are never dereferenced by the host: the runtime
 //! validates them and an invalid one gives an error code, so the calls that take them are safe
 //! functions.
+//!
+//! Host memory from `aclrtMallocHost` is real host memory: it travels as [`HostMem`], which
+//! knows its size, owns the allocation until [`Lib::free_host`] consumes it (a failed free hands
+//! it back), and is the only host memory the safe copies ([`Lib::memcpy_to_host`],
+//! [`Lib::memcpy_to_device`]) touch, within its size.
 
 use core::ffi::{CStr, c_char, c_void};
 use core::fmt;
-use core::ptr;
+use core::ptr::{self, NonNull};
 use std::path::{Path, PathBuf};
 
 use libloading::Library;
 
-use crate::error::{ACL_ERROR_REPEAT_INITIALIZE, ACL_ERROR_RT_EVENT_NOT_COMPLETE, AclError};
+use crate::error::{
+    ACL_ERROR_INVALID_PARAM, ACL_ERROR_REPEAT_INITIALIZE, ACL_ERROR_RT_EVENT_NOT_COMPLETE,
+    ACL_ERROR_RT_MEMORY_ALLOCATION, AclError,
+};
 use crate::types::{
     AclCode, DevicePtr, EventFlags, EventRecordedStatus, EventStatus, MemAttr,
     MemGranularityOptions, MemMallocPolicy, MemcpyKind, PhysicalMemProp, RawDrvMemHandle, RawEvent,
@@ -149,6 +157,8 @@ acl_functions! {
         aclrtSynchronizeStream(RawStream) -> AclCode;
         aclrtStreamWaitEvent(RawStream, RawEvent) -> AclCode;
         aclrtMemcpy(*mut c_void, usize, *const c_void, usize, MemcpyKind) -> AclCode;
+        aclrtMallocHost(*mut *mut c_void, usize) -> AclCode;
+        aclrtFreeHost(*mut c_void) -> AclCode;
         aclrtReserveMemAddress(*mut *mut c_void, usize, usize, *mut c_void, u64) -> AclCode;
         aclrtReleaseMemAddress(*mut c_void) -> AclCode;
         aclrtMallocPhysical(*mut RawDrvMemHandle, usize, *const PhysicalMemProp, u64) -> AclCode;
@@ -177,6 +187,10 @@ pub const VMM_SYMBOLS: &[&str] = &[
     "aclrtMapMem",
     "aclrtUnmapMem",
 ];
+
+/// The host-memory symbols the memory saver's CPU backup needs: pinned host memory and the
+/// synchronous copy between it and the device (all optional).
+pub const HOST_COPY_SYMBOLS: &[&str] = &["aclrtMallocHost", "aclrtFreeHost", "aclrtMemcpy"];
 
 /// What `aclInit` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,6 +323,77 @@ impl fmt::Debug for PhysicalMem {
     }
 }
 
+/// Host memory from [`Lib::malloc_host`] (`aclrtMallocHost`): `len` bytes at a non-null host
+/// address, owned by this value. Give it back with [`Lib::free_host`] (dropping it leaks the
+/// memory; a failed free returns it). [`Lib::memcpy_to_host`] and [`Lib::memcpy_to_device`] copy
+/// between it and device memory; the bytes can also be read and written directly.
+#[derive(PartialEq, Eq, Hash)]
+pub struct HostMem {
+    ptr: NonNull<c_void>,
+    len: usize,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value alone (it is not `Clone` and
+// nothing else keeps its address), and ACL's host-memory calls may be made from any thread.
+unsafe impl Send for HostMem {}
+// SAFETY: shared access only reads the bytes (`as_slice`) or hands the address to ACL as the
+// source of a copy; every write (`as_mut_slice`, a copy into it) needs `&mut`.
+unsafe impl Sync for HostMem {}
+
+impl HostMem {
+    /// Wraps host memory allocated elsewhere.
+    ///
+    /// # Safety
+    /// `ptr` must be the start of a live `aclrtMallocHost` allocation of the library it will be
+    /// used with, valid for reads and writes of `len` bytes (`len` at most `isize::MAX`), used
+    /// by nothing else while this value lives, until it is freed through [`Lib::free_host`] or
+    /// released with [`HostMem::into_raw`].
+    pub unsafe fn from_raw(ptr: NonNull<c_void>, len: usize) -> Self {
+        HostMem { ptr, len }
+    }
+
+    /// The host address.
+    pub fn as_ptr(&self) -> *mut c_void {
+        self.ptr.as_ptr()
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the memory is valid for reads of `len ≤ isize::MAX` bytes and owned by this
+        // value (the type's invariant); nothing writes it while `&self` is borrowed, since writes
+        // need `&mut`. Host memory handed out by the runtime holds defined bytes (pinned pages
+        // the driver mapped; the fake zeroes them), as any memory an FFI call returns.
+        unsafe { core::slice::from_raw_parts(self.ptr.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as for `as_slice`, and `&mut self` makes this the only access.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.as_ptr().cast::<u8>(), self.len) }
+    }
+
+    /// Gives up ownership without freeing: the address and the size.
+    pub fn into_raw(self) -> (NonNull<c_void>, usize) {
+        (self.ptr, self.len)
+    }
+}
+
+impl fmt::Debug for HostMem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HostMem({:p}, {} bytes)", self.ptr, self.len)
+    }
+}
+
 /// A loaded `libascendcl.so`: the library and its resolved function table.
 pub struct Lib {
     functions: Functions,
@@ -394,6 +479,11 @@ impl Lib {
     /// Whether `aclrtFreeWithDevSync` is exported.
     pub fn has_free_with_dev_sync(&self) -> bool {
         self.functions.aclrtFreeWithDevSync.is_some()
+    }
+
+    /// Whether every symbol of [`HOST_COPY_SYMBOLS`] is exported (host memory and copies).
+    pub fn has_host_copies(&self) -> bool {
+        HOST_COPY_SYMBOLS.iter().all(|s| self.functions.has(s))
     }
 
     /// Whether every symbol of [`VMM_SYMBOLS`] is exported (expandable segments still need a
@@ -689,6 +779,95 @@ impl Lib {
         self.check("aclrtMemcpy", code)
     }
 
+    /// `aclrtMallocHost(&p, size)` (optional): `size` bytes of pinned host memory, owned by the
+    /// returned [`HostMem`]. A size above `isize::MAX` is refused before ACL is called, as out of
+    /// memory (207001 with an `acl-sys:` message): no host holds it, and Rust cannot address it.
+    pub fn malloc_host(&self, size: usize) -> Result<HostMem> {
+        let f = optional!(self.aclrtMallocHost);
+        if isize::try_from(size).is_err() {
+            return Err(AclError::from_code(
+                "aclrtMallocHost",
+                ACL_ERROR_RT_MEMORY_ALLOCATION,
+                Some(format!(
+                    "acl-sys: {size} bytes of host memory exceed isize::MAX"
+                )),
+            ));
+        }
+        let mut p = ptr::null_mut();
+        // SAFETY: the out-pointer is a valid, writable local; `size` is a plain value.
+        let code = unsafe { f(&mut p, size) };
+        self.check("aclrtMallocHost", code)?;
+        let ptr = NonNull::new(p).ok_or(AclError::NullResult {
+            function: "aclrtMallocHost",
+        })?;
+        Ok(HostMem { ptr, len: size })
+    }
+
+    /// `aclrtFreeHost(hostPtr)` (optional).
+    ///
+    /// On failure (a status other than 0, or the symbol missing) the memory comes back with the
+    /// error: ACL did not free it, so it is still live and the caller still owns it.
+    pub fn free_host(&self, mem: HostMem) -> Result<(), (HostMem, AclError)> {
+        let Some(f) = self.functions.aclrtFreeHost else {
+            let error = AclError::Unsupported {
+                symbol: "aclrtFreeHost",
+            };
+            return Err((mem, error));
+        };
+        // SAFETY: the memory is a live `aclrtMallocHost` allocation by its type's contract. On
+        // success ACL has freed it and, moved in, it is never used again; on failure ACL did not
+        // free it and it goes back to the caller.
+        let code = unsafe { f(mem.ptr.as_ptr()) };
+        match self.check("aclrtFreeHost", code) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((mem, e)),
+        }
+    }
+
+    /// `aclrtMemcpy(dst, dst.len(), src, count, ACL_MEMCPY_DEVICE_TO_HOST)` (optional;
+    /// synchronous): `count` bytes of device memory at `src` into the start of `dst`. A `count`
+    /// above `dst.len()` is refused before ACL is called (100000 with an `acl-sys:` message).
+    pub fn memcpy_to_host(&self, dst: &mut HostMem, src: DevicePtr, count: usize) -> Result<()> {
+        let f = optional!(self.aclrtMemcpy);
+        check_host_fits(count, dst)?;
+        // SAFETY: `dst` is host memory valid for writes of `dst.len()` bytes (`HostMem`'s
+        // invariant), borrowed mutably, so nothing else touches it during this synchronous copy;
+        // ACL writes at most `destMax = dst.len()` bytes, and `count ≤ dst.len()` was checked.
+        // `src` is a device address, validated by ACL and never dereferenced on the host.
+        let code = unsafe {
+            f(
+                dst.as_ptr(),
+                dst.len(),
+                src.as_ptr(),
+                count,
+                MemcpyKind::DEVICE_TO_HOST,
+            )
+        };
+        self.check("aclrtMemcpy", code)
+    }
+
+    /// `aclrtMemcpy(dst, count, src, count, ACL_MEMCPY_HOST_TO_DEVICE)` (optional;
+    /// synchronous): the first `count` bytes of `src` to device memory at `dst`. A `count` above
+    /// `src.len()` is refused before ACL is called (100000 with an `acl-sys:` message).
+    pub fn memcpy_to_device(&self, dst: DevicePtr, src: &HostMem, count: usize) -> Result<()> {
+        let f = optional!(self.aclrtMemcpy);
+        check_host_fits(count, src)?;
+        // SAFETY: `src` is host memory valid for reads of `src.len() ≥ count` bytes (`HostMem`'s
+        // invariant, and the check above); it is borrowed shared, so nothing writes it during
+        // this synchronous copy. `dst` is a device address, validated by ACL and never
+        // dereferenced on the host.
+        let code = unsafe {
+            f(
+                dst.as_ptr(),
+                count,
+                src.as_ptr().cast_const(),
+                count,
+                MemcpyKind::HOST_TO_DEVICE,
+            )
+        };
+        self.check("aclrtMemcpy", code)
+    }
+
     /// `aclrtReserveMemAddress(&va, size, alignment, NULL, flags)` (optional, VMM): a virtual
     /// range with no memory behind it. torch_npu passes alignment 0 and flags
     /// [`RESERVE_MEM_FLAG_COMPAT`](crate::RESERVE_MEM_FLAG_COMPAT).
@@ -790,6 +969,22 @@ impl Lib {
     }
 }
 
+/// Refuses a copy of `count` bytes that does not fit `host`, before ACL is called.
+fn check_host_fits(count: usize, host: &HostMem) -> Result<()> {
+    if count <= host.len() {
+        Ok(())
+    } else {
+        Err(AclError::from_code(
+            "aclrtMemcpy",
+            ACL_ERROR_INVALID_PARAM,
+            Some(format!(
+                "acl-sys: {count} bytes do not fit the host buffer of {} bytes",
+                host.len()
+            )),
+        ))
+    }
+}
+
 /// Maps a null result of a successful call to [`AclError::NullResult`].
 fn non_null(function: &'static str, p: *mut c_void) -> Result<*mut c_void> {
     if p.is_null() {
@@ -814,9 +1009,10 @@ mod tests {
                 assert!(OPTIONAL_SYMBOLS.contains(s), "{s}");
             }
         }
-        for s in VMM_SYMBOLS {
+        for s in VMM_SYMBOLS.iter().chain(HOST_COPY_SYMBOLS) {
             assert!(OPTIONAL_SYMBOLS.contains(s), "{s}");
         }
+        assert_eq!(OPTIONAL_SYMBOLS.len(), 23);
         assert_eq!(REQUIRED_SYMBOLS.len(), 12);
         assert!(REQUIRED_SYMBOLS.contains(&"aclrtGetMemInfo"));
         assert!(OPTIONAL_SYMBOLS.contains(&"aclrtMallocAlign32"));
@@ -830,8 +1026,34 @@ mod tests {
         check::<Event>();
         check::<Stream>();
         check::<PhysicalMem>();
+        check::<HostMem>();
         assert!(Stream::DEFAULT.is_default());
         assert!(Stream::default().as_raw().is_null());
+    }
+
+    #[test]
+    fn host_mem_is_its_bytes_and_checks_copy_sizes() {
+        let mut backing = vec![7u8; 16];
+        let ptr = NonNull::new(backing.as_mut_ptr().cast::<c_void>()).unwrap();
+        // SAFETY: `backing` is valid for 16 bytes, outlives `mem`, and is not touched while
+        // `mem` lives; `mem` is released with `into_raw`, never freed through ACL.
+        let mut mem = unsafe { HostMem::from_raw(ptr, 16) };
+        assert_eq!((mem.len(), mem.is_empty()), (16, false));
+        assert_eq!(mem.as_ptr(), ptr.as_ptr());
+        assert_eq!(mem.as_slice(), &[7; 16]);
+        mem.as_mut_slice()[3] = 9;
+        assert_eq!(mem.as_slice()[3], 9);
+        assert_eq!(check_host_fits(16, &mem), Ok(()));
+        let e = check_host_fits(17, &mem).unwrap_err();
+        assert_eq!(e.code(), Some(ACL_ERROR_INVALID_PARAM));
+        assert_eq!(
+            e.to_string(),
+            "aclrtMemcpy failed with ACL error 100000 (ACL_ERROR_INVALID_PARAM): \
+             acl-sys: 17 bytes do not fit the host buffer of 16 bytes"
+        );
+        assert!(format!("{mem:?}").ends_with(", 16 bytes)"));
+        assert_eq!(mem.into_raw(), (ptr, 16));
+        assert_eq!(backing[3], 9);
     }
 
     #[test]

@@ -22,13 +22,21 @@
 //!   symbol or 207000 is [`VmmError::Unsupported`], 207001 from `aclrtMallocPhysical` is
 //!   [`VmmError::OutOfMemory`], anything else is [`VmmError::Other`]; a page whose free fails
 //!   goes back to the caller.
+//! - Host memory for the memory saver's CPU backup is `aclrtMallocHost` ([`HostMem`], which
+//!   knows its size) and `aclrtFreeHost`; copies are synchronous `aclrtMemcpy`,
+//!   DEVICE_TO_HOST into the start of the buffer (`destMax` = the buffer's size) and
+//!   HOST_TO_DEVICE from it (`destMax` = `count`), as the sgl-kernel-npu port of
+//!   torch_memory_saver copies. A copy larger than the buffer is refused before ACL is called. A
+//!   missing symbol or 207000 is [`VmmError::Unsupported`], an out-of-memory code from
+//!   `aclrtMallocHost` ([`AclError::is_out_of_memory`]) is [`VmmError::OutOfMemory`], anything
+//!   else [`VmmError::Other`]; a buffer whose free fails goes back to the caller.
 
 use std::cell::Cell;
 use std::path::Path;
 
 use acl_sys::{
     ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_MEMORY_ALLOCATION, AclError, DevicePtr, Event,
-    EventFlags, Lib, MemAttr, MemMallocPolicy, PhysicalMem, PhysicalMemProp,
+    EventFlags, HostMem, Lib, MemAttr, MemMallocPolicy, PhysicalMem, PhysicalMemProp,
     RESERVE_MEM_FLAG_COMPAT,
 };
 use alloc_core::{Device, DeviceError, DeviceFacts, MemInfo, VmmError};
@@ -264,6 +272,31 @@ fn page_error(e: AclError) -> VmmError<AclError> {
     }
 }
 
+/// A failed `aclrtMallocHost`: an out-of-memory code or text (207001, 207018, 200000, `EL0004`)
+/// is out of memory, the rest as [`vmm_error`].
+fn host_error(e: AclError) -> VmmError<AclError> {
+    if e.is_out_of_memory() {
+        VmmError::OutOfMemory
+    } else {
+        vmm_error(e)
+    }
+}
+
+/// A copy of `bytes` bytes that must fit `buffer`, as a `size_t`; refused before ACL is called
+/// when it does not.
+fn copy_size(bytes: u64, buffer: &HostMem) -> Result<usize, VmmError<AclError>> {
+    match usize::try_from(bytes) {
+        Ok(count) if count <= buffer.len() => Ok(count),
+        _ => Err(refused(
+            "aclrtMemcpy",
+            format!(
+                "{bytes} bytes do not fit the host buffer of {} bytes",
+                buffer.len()
+            ),
+        )),
+    }
+}
+
 /// An argument refused before ACL is called (a size past `size_t`, address 0), with the code
 /// ACL gives a bad argument.
 fn refused(function: &'static str, what: String) -> VmmError<AclError> {
@@ -314,7 +347,7 @@ impl Device for AclDevice {
     type Event = Event;
     type Error = AclError;
     type Page = PhysicalMem;
-    type HostBuffer = core::convert::Infallible;
+    type HostBuffer = HostMem;
 
     fn malloc(&mut self, bytes: u64) -> Result<u64, DeviceError<AclError>> {
         let p = &self.platform;
@@ -445,6 +478,62 @@ impl Device for AclDevice {
         let va = vmm_ptr("aclrtUnmapMem", addr)?;
         p.lib.unmap_mem(va).map_err(vmm_error)
     }
+
+    /// `aclrtMallocHost(&p, bytes)`: pinned host memory of exactly `bytes` bytes.
+    fn alloc_host(&mut self, bytes: u64) -> Result<HostMem, VmmError<AclError>> {
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        // No host holds that much, as in `malloc`.
+        let size = usize::try_from(bytes).map_err(|_| VmmError::OutOfMemory)?;
+        p.lib.malloc_host(size).map_err(host_error)
+    }
+
+    /// `aclrtFreeHost(p)`; on failure the buffer comes back.
+    fn free_host(&mut self, buffer: HostMem) -> Result<(), (HostMem, VmmError<AclError>)> {
+        let p = &self.platform;
+        if let Err(e) = p.bind(self.index) {
+            return Err((buffer, vmm_error(e)));
+        }
+        p.lib
+            .free_host(buffer)
+            .map_err(|(buffer, e)| (buffer, vmm_error(e)))
+    }
+
+    /// `aclrtMemcpy(dst, dst.len(), src, bytes, ACL_MEMCPY_DEVICE_TO_HOST)`. More bytes than
+    /// the buffer holds are refused before ACL is called; 0 bytes call nothing.
+    fn copy_to_host(
+        &mut self,
+        dst: &mut HostMem,
+        src: u64,
+        bytes: u64,
+    ) -> Result<(), VmmError<AclError>> {
+        let count = copy_size(bytes, dst)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        let src = vmm_ptr("aclrtMemcpy", src)?;
+        p.lib.memcpy_to_host(dst, src, count).map_err(vmm_error)
+    }
+
+    /// `aclrtMemcpy(dst, bytes, src, bytes, ACL_MEMCPY_HOST_TO_DEVICE)`. More bytes than the
+    /// buffer holds are refused before ACL is called; 0 bytes call nothing.
+    fn copy_to_device(
+        &mut self,
+        dst: u64,
+        src: &HostMem,
+        bytes: u64,
+    ) -> Result<(), VmmError<AclError>> {
+        let count = copy_size(bytes, src)?;
+        if count == 0 {
+            return Ok(());
+        }
+        let p = &self.platform;
+        p.bind(self.index).map_err(vmm_error)?;
+        let dst = vmm_ptr("aclrtMemcpy", dst)?;
+        p.lib.memcpy_to_device(dst, src, count).map_err(vmm_error)
+    }
 }
 
 impl Drop for AclDevice {
@@ -489,6 +578,26 @@ mod tests {
         send::<AclDevice>();
         send::<PhysicalMem>();
         sync::<PhysicalMem>();
+        send::<HostMem>();
+        sync::<HostMem>();
+    }
+
+    #[test]
+    fn host_errors_are_classified() {
+        let code = |c| AclError::from_code("aclrtMallocHost", c, None);
+        for c in [207_001, 207_018, 200_000] {
+            assert_eq!(host_error(code(c)), VmmError::OutOfMemory, "{c}");
+        }
+        let text = AclError::from_code("aclrtMallocHost", 507_899, Some("EL0004: x".into()));
+        assert_eq!(host_error(text), VmmError::OutOfMemory);
+        for c in [207_000, 200_001, 200_006] {
+            assert_eq!(host_error(code(c)), VmmError::Unsupported, "{c}");
+        }
+        let missing = AclError::Unsupported {
+            symbol: "aclrtMallocHost",
+        };
+        assert_eq!(host_error(missing), VmmError::Unsupported);
+        assert_eq!(host_error(code(507_899)), VmmError::Other(code(507_899)));
     }
 
     #[test]

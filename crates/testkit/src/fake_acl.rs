@@ -4,7 +4,8 @@
 //! loaded libraries by file, and each copy has its own statics) and tests can run in parallel.
 //!
 //! [`FakeAcl`] also reaches the fake's test-only controls (`fake_acl_*`): counters, injected
-//! failures, event completion, the bytes in use, the pages, mappings and reserved ranges alive.
+//! failures, event completion, the bytes in use, the pages, mappings and reserved ranges alive,
+//! the device bytes themselves, and the host memory alive.
 //! [`Variant`] picks the build: full, legacy CANN, or without the virtual-memory symbols. This
 //! is an FFI edge: each control is a C function called through `libloading`, with its exact
 //! signature.
@@ -233,6 +234,48 @@ impl FakeAcl {
         self.per_device("fake_acl_reserved_bytes", device)
     }
 
+    /// Writes `data` into device memory at `addr` (inside one segment, or across mappings
+    /// without a gap); the fake's error code when the range is not device memory (107000). Not an
+    /// ACL call: not counted or logged.
+    pub fn write_device(&self, addr: u64, data: &[u8]) -> Result<(), i32> {
+        // SAFETY: the fake's `int32_t f(uint64_t, const uint8_t *, size_t)` control; `data` is
+        // readable for `data.len()` bytes.
+        let code =
+            unsafe {
+                self.sym::<unsafe extern "C" fn(u64, *const u8, usize) -> i32>(
+                    "fake_acl_write_device",
+                )(addr, data.as_ptr(), data.len())
+            };
+        if code == 0 { Ok(()) } else { Err(code) }
+    }
+
+    /// Reads `len` bytes of device memory at `addr` (zeros where never written); the fake's
+    /// error code when the range is not device memory (107000). Not an ACL call.
+    pub fn read_device(&self, addr: u64, len: usize) -> Result<Vec<u8>, i32> {
+        let mut buf = vec![0u8; len];
+        // SAFETY: the fake's `int32_t f(uint64_t, uint8_t *, size_t)` control; `buf` is writable
+        // for `len` bytes.
+        let code = unsafe {
+            self.sym::<unsafe extern "C" fn(u64, *mut u8, usize) -> i32>("fake_acl_read_device")(
+                addr,
+                buf.as_mut_ptr(),
+                len,
+            )
+        };
+        if code == 0 { Ok(buf) } else { Err(code) }
+    }
+
+    /// Host allocations (`aclrtMallocHost`) alive.
+    pub fn live_host_buffers(&self) -> u64 {
+        self.count("fake_acl_live_host_buffers")
+    }
+
+    /// Host memory the fake holds for the written bytes of `device`'s segments and pages (whole
+    /// 4 KiB chunks; 0 while nothing non-zero was written).
+    pub fn content_bytes(&self, device: u32) -> u64 {
+        self.per_device("fake_acl_content_bytes", device)
+    }
+
     /// One of the fake's `size_t f(uint8_t *buf, size_t len)` text controls, split at `sep`.
     fn text(&self, name: &str, sep: char) -> Vec<String> {
         // SAFETY: the fake's signature; a null buffer only asks for the length.
@@ -254,9 +297,11 @@ impl FakeAcl {
         self.text("fake_acl_call_log", ',')
     }
 
-    /// [`FakeAcl::log`] with the arguments of `aclrtSetDevice` and the VMM calls, e.g.
-    /// `aclrtMapMem(virPtr=0x800000000000, size=2097152, offset=0, handle=0x90000010, flags=0)`;
-    /// other calls are bare names.
+    /// [`FakeAcl::log`] with the arguments of `aclrtSetDevice`, the VMM calls and the host
+    /// calls, e.g.
+    /// `aclrtMapMem(virPtr=0x800000000000, size=2097152, offset=0, handle=0x90000010, flags=0)`
+    /// or `aclrtMemcpy(dst=0x.., destMax=4096, src=0x.., count=4096, kind=2)`; other calls are
+    /// bare names.
     pub fn call_details(&self) -> Vec<String> {
         self.text("fake_acl_call_details", '\n')
     }

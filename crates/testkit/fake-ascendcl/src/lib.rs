@@ -18,16 +18,27 @@
 //!   `d` from `0x8000_0000_0000 + d << 40`, apart from the segments; `aclrtMallocPhysical` pages
 //!   count against the same capacity as `aclrtMalloc` (and in `aclrtGetMemInfo`); every map,
 //!   unmap and release is checked against the ranges, pages and mappings alive;
+//! - device bytes: the contents of segments (`aclrtMalloc*`) and physical pages
+//!   (`aclrtMallocPhysical`) are kept sparsely, in 4 KiB chunks made on the first write of a
+//!   non-zero byte; unwritten bytes read as zeros, so memory never written costs no host memory.
+//!   The bytes belong to the segment or the page (a page mapped elsewhere carries them) and go
+//!   with it when it is freed; tests reach them with [`fake_acl_write_device`] and
+//!   [`fake_acl_read_device`], and [`fake_acl_content_bytes`] says what they hold;
+//! - host memory (`aclrtMallocHost`, `aclrtFreeHost`) is real, zeroed host memory, tracked per
+//!   allocation; `aclrtMemcpy` copies between it and device bytes in all four directions, after
+//!   checking every range;
 //! - injectable error codes ([`fake_acl_fail_next`]), per-symbol call counters
 //!   ([`fake_acl_calls`]), an ordered call log ([`fake_acl_call_log`]) and the same log with the
-//!   arguments of the VMM calls and `aclrtSetDevice` ([`fake_acl_call_details`]).
+//!   arguments of `aclrtSetDevice`, the VMM calls and the host-memory calls
+//!   ([`fake_acl_call_details`]).
 //!
 //! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32` and
 //! `aclrtQueryEventStatus`, like an old CANN, so the runtime's fallbacks can be tested. With the
 //! `no-vmm` feature it lacks the VMM symbols (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
 //! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
 //! `aclrtMemGetAllocationGranularity`), like a CANN older than virtual memory: `dlsym` of them
-//! fails, so the runtime's "unsupported" path is the real one.
+//! fails, so the runtime's "unsupported" path is the real one. Host memory and `aclrtMemcpy`
+//! are in every build.
 //!
 //! Everything is std-only and lives behind one global mutex. No function here unwinds: state is
 //! recovered from a poisoned lock and nothing else panics.
@@ -36,7 +47,9 @@
 // Without the VMM symbols their bookkeeping has no caller.
 #![cfg_attr(feature = "no-vmm", allow(dead_code))]
 
+use std::alloc::Layout;
 use std::cell::{Cell, RefCell};
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -92,6 +105,18 @@ const HUGE1G: u64 = 1 << 30;
 const PAGE_BASE: usize = 0x9000_0000;
 const EVENT_BASE: usize = 0xE000_0000;
 const STREAM_BASE: usize = 0x5000_0000;
+/// Bytes per chunk of device contents.
+const CHUNK: usize = 4096;
+/// Alignment of `aclrtMallocHost` memory: the allocator's own, so large buffers come from
+/// `calloc` and their pages are touched only when written.
+const HOST_ALIGN: usize = 16;
+/// The `aclrtMemcpyKind` values the fake copies.
+const MEMCPY_HOST_TO_HOST: u32 = 0;
+const MEMCPY_HOST_TO_DEVICE: u32 = 1;
+const MEMCPY_DEVICE_TO_HOST: u32 = 2;
+const MEMCPY_DEVICE_TO_DEVICE: u32 = 3;
+/// Device-to-device copies move this many bytes at a time.
+const COPY_BLOCK: usize = 64 << 10;
 const OOM_MESSAGE: &str =
     "EL0004: Failed to allocate memory. Possible Cause: Available memory is insufficient.";
 
@@ -111,6 +136,8 @@ struct Dev {
     /// Physical pages on this device (`location.id`), and their bytes.
     live_pages: u64,
     page_bytes: u64,
+    /// The written bytes of live segments: start → contents (made on the first write).
+    segment_contents: BTreeMap<u64, Sparse>,
 }
 
 /// One physical page (`aclrtDrvMemHandle`).
@@ -120,6 +147,97 @@ struct Page {
     size: u64,
     /// Where it is mapped, if it is.
     mapped_at: Option<u64>,
+    /// Its written bytes.
+    contents: Sparse,
+}
+
+/// Written device bytes of one segment or page, kept sparsely: 4 KiB chunks exist only while
+/// they hold a non-zero byte, and everything else reads as zeros.
+#[derive(Default)]
+struct Sparse {
+    chunks: BTreeMap<u64, Box<[u8; CHUNK]>>,
+}
+
+impl Sparse {
+    /// Host memory held for these bytes (whole chunks).
+    fn held_bytes(&self) -> u64 {
+        self.chunks.len() as u64 * CHUNK as u64
+    }
+
+    /// Calls `f(chunk index, offset in the chunk, range of the buffer)` for each chunk that
+    /// `[offset, offset + len)` touches. The caller checked that the end fits in `u64`.
+    fn for_chunks(offset: u64, len: usize, mut f: impl FnMut(u64, usize, std::ops::Range<usize>)) {
+        let mut done = 0usize;
+        while done < len {
+            let at = offset + done as u64;
+            let (index, within) = (at / CHUNK as u64, (at % CHUNK as u64) as usize);
+            let n = (CHUNK - within).min(len - done);
+            f(index, within, done..done + n);
+            done += n;
+        }
+    }
+
+    /// Writes `data` at `offset`. Zeros written where no chunk exists make none, and a chunk
+    /// that holds only zeros afterwards is dropped.
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        Self::for_chunks(offset, data.len(), |index, within, range| {
+            let piece = &data[range];
+            match self.chunks.entry(index) {
+                Entry::Occupied(mut chunk) => {
+                    chunk.get_mut()[within..within + piece.len()].copy_from_slice(piece);
+                    if is_zero(&chunk.get()[..]) {
+                        chunk.remove();
+                    }
+                }
+                Entry::Vacant(slot) => {
+                    if !is_zero(piece) {
+                        let mut chunk = Box::new([0u8; CHUNK]);
+                        chunk[within..within + piece.len()].copy_from_slice(piece);
+                        slot.insert(chunk);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Reads `out.len()` bytes at `offset` into `out`.
+    fn read(&self, offset: u64, out: &mut [u8]) {
+        Self::for_chunks(offset, out.len(), |index, within, range| {
+            let n = range.len();
+            match self.chunks.get(&index) {
+                Some(chunk) => out[range].copy_from_slice(&chunk[within..within + n]),
+                None => zero(&mut out[range]),
+            }
+        });
+    }
+}
+
+/// Whether every byte is 0.
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// Sets `bytes` to 0, writing only when one is not: unwritten device memory read into fresh
+/// (zeroed, untouched) host memory touches none of its pages.
+fn zero(bytes: &mut [u8]) {
+    if !is_zero(bytes) {
+        bytes.fill(0);
+    }
+}
+
+/// What holds some device bytes: a segment (by device and start) or a physical page (by
+/// handle).
+#[derive(Clone, Copy)]
+enum Backing {
+    Segment { device: usize, start: u64 },
+    Page(usize),
+}
+
+/// One piece of a device range: `len` bytes at `offset` in `backing`.
+struct Piece {
+    backing: Backing,
+    offset: u64,
+    len: usize,
 }
 
 /// One event handle.
@@ -149,6 +267,9 @@ struct State {
     failures: HashMap<String, VecDeque<AclCode>>,
     /// What `aclrtGetDeviceCount` reports instead of the real count (a broken library).
     reported_devices: Option<u32>,
+    /// Live `aclrtMallocHost` memory: address → size. A reset forgets it without freeing it,
+    /// so host memory a test still holds stays valid.
+    host: BTreeMap<u64, u64>,
 }
 
 impl State {
@@ -169,6 +290,7 @@ impl State {
             details: Vec::new(),
             failures: HashMap::new(),
             reported_devices: None,
+            host: BTreeMap::new(),
         }
     }
 
@@ -288,6 +410,171 @@ impl State {
         }
         dev.ranges.insert(addr, size);
         Ok(addr)
+    }
+
+    /// The pieces of device memory behind `[addr, addr + len)`: inside one live segment, or
+    /// across mappings that follow each other without a gap. Anything else is 107000.
+    fn device_pieces(&self, addr: u64, len: usize) -> Result<Vec<Piece>, AclCode> {
+        let invalid = ACL_ERROR_RT_PARAM_INVALID;
+        let end = addr.checked_add(len as u64).ok_or(invalid)?;
+        for (device, dev) in self.devices.iter().enumerate() {
+            // Segments and mappings never pass `u64::MAX` (`allocate` and `range_holding` check
+            // their ends).
+            if let Some((&start, &size)) = dev.allocations.range(..=addr).next_back()
+                && addr < start + size
+            {
+                if end > start + size {
+                    return Err(invalid);
+                }
+                let backing = Backing::Segment { device, start };
+                let offset = addr - start;
+                return Ok(vec![Piece {
+                    backing,
+                    offset,
+                    len,
+                }]);
+            }
+            let Some((&first, &(key, size))) = dev.mappings.range(..=addr).next_back() else {
+                continue;
+            };
+            if addr >= first + size {
+                continue;
+            }
+            let (mut start, mut key, mut size) = (first, key, size);
+            let mut pieces = Vec::new();
+            let mut at = addr;
+            loop {
+                let n = (start + size).min(end) - at;
+                pieces.push(Piece {
+                    backing: Backing::Page(key),
+                    offset: at - start,
+                    len: n as usize,
+                });
+                at += n;
+                if at >= end {
+                    return Ok(pieces);
+                }
+                // The next bytes must be the start of the next mapping.
+                match dev.mappings.get(&at) {
+                    Some(&(next_key, next_size)) => (start, key, size) = (at, next_key, next_size),
+                    None => return Err(invalid),
+                }
+            }
+        }
+        Err(invalid)
+    }
+
+    /// The written bytes of `backing`, if it has any.
+    fn contents(&self, backing: Backing) -> Option<&Sparse> {
+        match backing {
+            Backing::Segment { device, start } => self.devices[device].segment_contents.get(&start),
+            Backing::Page(key) => self.pages.get(&key).map(|p| &p.contents),
+        }
+    }
+
+    /// The written bytes of `backing`, made empty if it has none yet.
+    fn contents_mut(&mut self, backing: Backing) -> Option<&mut Sparse> {
+        match backing {
+            Backing::Segment { device, start } => Some(
+                self.devices[device]
+                    .segment_contents
+                    .entry(start)
+                    .or_default(),
+            ),
+            Backing::Page(key) => self.pages.get_mut(&key).map(|p| &mut p.contents),
+        }
+    }
+
+    /// Reads device memory at `addr` into `out` (zeros where never written); nothing is read
+    /// unless the whole range is device memory.
+    fn read_device(&self, addr: u64, out: &mut [u8]) -> Result<(), AclCode> {
+        let mut done = 0usize;
+        for piece in self.device_pieces(addr, out.len())? {
+            let part = &mut out[done..done + piece.len];
+            match self.contents(piece.backing) {
+                Some(contents) => contents.read(piece.offset, part),
+                None => zero(part),
+            }
+            done += piece.len;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` to device memory at `addr`; nothing is written unless the whole range is
+    /// device memory.
+    fn write_device(&mut self, addr: u64, data: &[u8]) -> Result<(), AclCode> {
+        let mut done = 0usize;
+        for piece in self.device_pieces(addr, data.len())? {
+            let part = &data[done..done + piece.len];
+            if let Some(contents) = self.contents_mut(piece.backing) {
+                contents.write(piece.offset, part);
+            }
+            done += piece.len;
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes of device memory from `src` to `dst` (both checked first), as
+    /// `memmove` does when they overlap.
+    fn copy_device(&mut self, dst: u64, src: u64, len: usize) -> Result<(), AclCode> {
+        self.device_pieces(src, len)?;
+        self.device_pieces(dst, len)?;
+        let mut buffer = vec![0u8; len.min(COPY_BLOCK)];
+        let blocks = len.div_ceil(COPY_BLOCK);
+        // Both ranges are device memory, so `src + len` and `dst + len` fit in `u64`. With the
+        // destination above an overlapping source, copy from the top down.
+        let backwards = dst > src && dst < src + len as u64;
+        for i in 0..blocks {
+            let block = if backwards { blocks - 1 - i } else { i };
+            let offset = block * COPY_BLOCK;
+            let part = &mut buffer[..COPY_BLOCK.min(len - offset)];
+            self.read_device(src + offset as u64, part)?;
+            self.write_device(dst + offset as u64, part)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `[addr, addr + len)` lies inside one live `aclrtMallocHost` allocation.
+    fn host_holds(&self, addr: u64, len: usize) -> bool {
+        let Some(end) = addr.checked_add(len as u64) else {
+            return false;
+        };
+        self.host
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&start, &size)| end <= start + size)
+    }
+
+    /// Whether any byte of `[addr, addr + len)` is device memory (a segment or a mapping).
+    fn touches_device(&self, addr: u64, len: usize) -> bool {
+        let end = addr.saturating_add(len as u64);
+        self.devices.iter().any(|dev| {
+            let overlaps = |(&start, &size): (&u64, &u64)| start < end && addr < start + size;
+            dev.allocations
+                .range(..end)
+                .next_back()
+                .is_some_and(overlaps)
+                || dev
+                    .mappings
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(start, (_, size))| overlaps((start, size)))
+        })
+    }
+
+    /// Host memory held for the written bytes of `device`'s segments and pages.
+    fn content_bytes(&self, device: usize) -> u64 {
+        let Some(dev) = self.devices.get(device) else {
+            return 0;
+        };
+        let segments: u64 = dev.segment_contents.values().map(Sparse::held_bytes).sum();
+        let pages: u64 = self
+            .pages
+            .values()
+            .filter(|p| p.device == device)
+            .map(|p| p.contents.held_bytes())
+            .sum();
+        segments + pages
     }
 
     /// The device whose reserved range holds `[addr, addr + size)`, if one does.
@@ -596,6 +883,7 @@ pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> AclCode {
         match dev.allocations.remove(&addr) {
             Some(size) => {
                 dev.used -= size;
+                dev.segment_contents.remove(&addr);
                 ACL_SUCCESS
             }
             None => ACL_ERROR_RT_PARAM_INVALID,
@@ -814,6 +1102,131 @@ pub extern "C" fn aclrtSynchronizeStream(_stream: *mut c_void) -> AclCode {
     })
 }
 
+// ---- host memory and copies (in every build) -------------------------------------------------
+
+/// `aclrtMallocHost(&hostPtr, size)`: `size` bytes of zeroed host memory (real memory, from the
+/// global allocator), tracked until `aclrtFreeHost`. A null pointer or `size` 0: 100000. Memory
+/// the host cannot give: 207001.
+///
+/// # Safety
+/// `host_ptr` must be null or valid for a write of a `void*` (the C contract).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> AclCode {
+    let args = format!("size={size}");
+    device_call_with_args("aclrtMallocHost", Some(args), |s, _| {
+        if host_ptr.is_null() || size == 0 {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        let no_memory = || {
+            set_error_message(Some(&format!("fake_acl: no host memory for {size} bytes")));
+            ACL_ERROR_RT_MEMORY_ALLOCATION
+        };
+        let Ok(layout) = Layout::from_size_align(size, HOST_ALIGN) else {
+            return no_memory();
+        };
+        // SAFETY: the layout has a non-zero size.
+        let memory = unsafe { std::alloc::alloc_zeroed(layout) };
+        if memory.is_null() {
+            return no_memory();
+        }
+        s.host.insert(memory as usize as u64, size as u64);
+        // SAFETY: `host_ptr` is non-null and, per the C contract, a writable `void*`.
+        unsafe { write_out(host_ptr, memory.cast::<c_void>()) }
+    })
+}
+
+/// `aclrtFreeHost(hostPtr)`: frees memory from `aclrtMallocHost`. Not the start of a live host
+/// allocation: 107000.
+///
+/// # Safety
+/// `host_ptr` must be a pointer `aclrtMallocHost` returned (or any value that is not the start
+/// of a live host allocation, which is refused); the C contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> AclCode {
+    let addr = host_ptr as usize as u64;
+    let args = format!("hostPtr={addr:#x}");
+    device_call_with_args("aclrtFreeHost", Some(args), |s, _| {
+        let Some(size) = s.host.remove(&addr) else {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        };
+        // The same layout `aclrtMallocHost` made, so it is valid.
+        let Ok(layout) = Layout::from_size_align(size as usize, HOST_ALIGN) else {
+            return ACL_ERROR_RT_PARAM_INVALID;
+        };
+        // SAFETY: `host_ptr` starts a live allocation that `aclrtMallocHost` made with this
+        // layout (it was in the table, and is now out of it, so it is freed once); the pointer
+        // is the one handed out, so it carries the allocation's provenance.
+        unsafe { std::alloc::dealloc(host_ptr.cast::<u8>(), layout) };
+        ACL_SUCCESS
+    })
+}
+
+/// `aclrtMemcpy(dst, destMax, src, count, kind)`: a synchronous copy, for the four kinds
+/// HOST_TO_HOST (0), HOST_TO_DEVICE (1), DEVICE_TO_HOST (2) and DEVICE_TO_DEVICE (3).
+///
+/// Null pointers, `count` above `destMax` or another kind: 100000. A device range must lie
+/// inside one live segment or across mappings that follow each other without a gap; a host
+/// range of a host-device copy inside one live `aclrtMallocHost` allocation; a host-to-host copy
+/// takes any host memory but no device memory. Otherwise 107000, and nothing is copied. `count` 0
+/// copies nothing. Device bytes are read and written as [`fake_acl_read_device`] and
+/// [`fake_acl_write_device`] do.
+///
+/// # Safety
+/// For HOST_TO_HOST, `src` must be valid for reads and `dst` for writes of `count` bytes (the C
+/// contract); the other kinds' host ranges are checked.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtMemcpy(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: u32,
+) -> AclCode {
+    let (to, from) = (dst as usize as u64, src as usize as u64);
+    let args =
+        format!("dst={to:#x}, destMax={dest_max}, src={from:#x}, count={count}, kind={kind}");
+    device_call_with_args("aclrtMemcpy", Some(args), |s, _| {
+        if dst.is_null() || src.is_null() || count > dest_max || kind > MEMCPY_DEVICE_TO_DEVICE {
+            return ACL_ERROR_INVALID_PARAM;
+        }
+        if count == 0 {
+            return ACL_SUCCESS;
+        }
+        let result = match kind {
+            MEMCPY_HOST_TO_HOST => {
+                if s.touches_device(to, count) || s.touches_device(from, count) {
+                    return ACL_ERROR_RT_PARAM_INVALID;
+                }
+                // SAFETY: per the C contract both ranges are valid host memory of `count`
+                // bytes; `copy` allows them to overlap.
+                unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
+                Ok(())
+            }
+            MEMCPY_HOST_TO_DEVICE => {
+                if !s.host_holds(from, count) {
+                    return ACL_ERROR_RT_PARAM_INVALID;
+                }
+                // SAFETY: the range lies inside a live allocation of this fake's
+                // `aclrtMallocHost`, which stays allocated while the state is locked (only
+                // `aclrtFreeHost` frees it); `src` is the caller's pointer into it.
+                let data = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), count) };
+                s.write_device(to, data)
+            }
+            MEMCPY_DEVICE_TO_HOST => {
+                if !s.host_holds(to, count) {
+                    return ACL_ERROR_RT_PARAM_INVALID;
+                }
+                // SAFETY: as above, for writes; device bytes live in the fake's own chunks,
+                // never in host allocations, so nothing else refers to these bytes here.
+                let out = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), count) };
+                s.read_device(from, out)
+            }
+            _ => s.copy_device(to, from, count),
+        };
+        result.err().unwrap_or(ACL_SUCCESS)
+    })
+}
+
 /// `aclGetRecentErrMsg()`: the calling thread's last error text, or null.
 #[unsafe(no_mangle)]
 pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
@@ -925,6 +1338,7 @@ pub unsafe extern "C" fn aclrtMallocPhysical(
                 device,
                 size,
                 mapped_at: None,
+                contents: Sparse::default(),
             },
         );
         // SAFETY: `handle` is non-null and, per the C contract, a writable `aclrtDrvMemHandle`.
@@ -1222,6 +1636,64 @@ pub extern "C" fn fake_acl_reserved_bytes(device: u32) -> u64 {
         .map_or(0, |d| d.ranges.values().sum())
 }
 
+/// Test control: writes `len` bytes of `data` into device memory at `dev_ptr` (inside one
+/// segment, or across mappings without a gap, as `aclrtMemcpy` requires). Returns 0, 107000 for
+/// a range that is not device memory, or 100000 for null `data` with `len` above 0. Not an ACL
+/// call: not counted, logged or failed by injection, and no device need be set.
+///
+/// # Safety
+/// `data` must be null or valid for reads of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_write_device(dev_ptr: u64, data: *const u8, len: usize) -> i32 {
+    if len == 0 {
+        return ACL_SUCCESS;
+    }
+    if data.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    // SAFETY: non-null and readable for `len` bytes per the caller's contract.
+    let data = unsafe { std::slice::from_raw_parts(data, len) };
+    state()
+        .write_device(dev_ptr, data)
+        .err()
+        .unwrap_or(ACL_SUCCESS)
+}
+
+/// Test control: reads `len` bytes of device memory at `dev_ptr` into `buf` (zeros where never
+/// written). Returns 0, 107000 for a range that is not device memory, or 100000 for a null
+/// `buf` with `len` above 0. Not an ACL call, like [`fake_acl_write_device`].
+///
+/// # Safety
+/// `buf` must be null or valid for writes of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_read_device(dev_ptr: u64, buf: *mut u8, len: usize) -> i32 {
+    if len == 0 {
+        return ACL_SUCCESS;
+    }
+    if buf.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    // SAFETY: non-null and writable for `len` bytes per the caller's contract.
+    let out = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+    state()
+        .read_device(dev_ptr, out)
+        .err()
+        .unwrap_or(ACL_SUCCESS)
+}
+
+/// Host allocations (`aclrtMallocHost`) alive.
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_live_host_buffers() -> u64 {
+    state().host.len() as u64
+}
+
+/// Host memory the fake holds for the written bytes of `device`'s segments and pages (whole
+/// 4 KiB chunks; 0 for memory never written, and for an unknown device).
+#[unsafe(no_mangle)]
+pub extern "C" fn fake_acl_content_bytes(device: u32) -> u64 {
+    state().content_bytes(device as usize)
+}
+
 /// The ACL calls since the last reset or [`fake_acl_clear_log`], comma-separated. Writes at
 /// most `len` bytes (no NUL) to `buf` and returns the full length.
 ///
@@ -1240,8 +1712,8 @@ pub unsafe extern "C" fn fake_acl_call_log(buf: *mut u8, len: usize) -> usize {
 }
 
 /// The calls of [`fake_acl_call_log`] with their arguments where the fake records them
-/// (`aclrtSetDevice` and the VMM calls, e.g. `aclrtUnmapMem(virPtr=0x800000000000)`; the others
-/// are bare names), one a line. Writes at most `len` bytes (no NUL) to `buf` and returns the full
+/// (`aclrtSetDevice`, the VMM calls and the host-memory calls, e.g.
+/// `aclrtUnmapMem(virPtr=0x800000000000)`; the others are bare names), one a line. Writes at most `len` bytes (no NUL) to `buf` and returns the full
 /// length.
 ///
 /// # Safety
@@ -1264,4 +1736,41 @@ pub extern "C" fn fake_acl_clear_log() {
     let mut s = state();
     s.log.clear();
     s.details.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_bytes_hold_only_non_zero_chunks() {
+        let mut s = Sparse::default();
+        let mut out = [9u8; 6];
+        s.read(10 << 30, &mut out);
+        assert_eq!(out, [0; 6]);
+        // Zeros where nothing was written make no chunk.
+        s.write(0, &[0; 3 * CHUNK]);
+        assert_eq!(s.held_bytes(), 0);
+        s.write(CHUNK as u64 - 2, &[1, 2, 3, 4]);
+        assert_eq!(s.held_bytes(), 2 * CHUNK as u64);
+        let mut out = [9u8; 6];
+        s.read(CHUNK as u64 - 3, &mut out);
+        assert_eq!(out, [0, 1, 2, 3, 4, 0]);
+        // A chunk written back to zeros is dropped.
+        s.write(CHUNK as u64, &[0, 0]);
+        assert_eq!(s.held_bytes(), CHUNK as u64);
+        let mut out = [9u8; 4];
+        s.read(CHUNK as u64 - 2, &mut out);
+        assert_eq!(out, [1, 2, 0, 0]);
+    }
+
+    #[test]
+    fn zero_writes_only_bytes_that_are_not_zero() {
+        let mut bytes = [0u8, 0, 0];
+        zero(&mut bytes);
+        assert!(is_zero(&bytes));
+        let mut bytes = [0u8, 7, 0];
+        zero(&mut bytes);
+        assert_eq!(bytes, [0; 3]);
+    }
 }
