@@ -32,14 +32,14 @@ use alloc_conf::AllocConf;
 use alloc_core::size::MAX_REQUEST;
 use alloc_core::{
     AllocError, Allocator, BlockState, DeviceFacts, DeviceStats, Flavour, FractionError, FreeError,
-    STAT_ARRAY_NAMES,
+    PoolError, PoolId, STAT_ARRAY_NAMES, SaverError,
 };
 use alloc_sim::{
     DeviceCall, Fault, FaultError, Inconsistency, SimDevice, SimError, SimStream, TestDevice,
     check_allocations,
 };
 
-use crate::op::{IdRef, Misuse, Op, OpKind, Trace};
+use crate::op::{IdRef, Misuse, Op, OpKind, PoolOp, Trace};
 use crate::parse::Echo;
 
 /// The simulated device's error as the executor sees it (behind the fault injector).
@@ -139,6 +139,14 @@ pub struct OpCounts {
     /// Operations that succeeded although a fault fired in them: a documented fallback, or an
     /// injected out-of-memory the retry chain absorbed (counted with checks only).
     pub absorbed_faults: u64,
+    /// Allocations refused because their region's tag was paused.
+    pub paused_refusals: u64,
+    /// `pause` operations that paused something, and the bytes they paused.
+    pub pauses: u64,
+    /// `resume` operations that mapped something again.
+    pub resumes: u64,
+    /// `resume` operations that ran out of device memory (the tag stays paused).
+    pub resume_ooms: u64,
 }
 
 /// Where one trace id stands.
@@ -252,6 +260,8 @@ pub enum Rule {
     Leak,
     /// The rule the test-only sabotage switch breaks on purpose ([`Checks::sabotage`]).
     Sabotaged,
+    /// Bytes read back after a pause and resume with CPU backup differ from those written.
+    Contents,
 }
 
 impl fmt::Display for Rule {
@@ -269,6 +279,7 @@ impl fmt::Display for Rule {
             Rule::Fraction => "wrong memory limit",
             Rule::Leak => "leak",
             Rule::Sabotaged => "sabotaged check (test-only switch)",
+            Rule::Contents => "contents lost",
         })
     }
 }
@@ -330,6 +341,12 @@ pub enum ExecError {
     Free(FreeError<DeviceErr>),
     /// A `fraction` the allocator refused.
     Fraction(FractionError),
+    /// A pool or region operation the trace cannot make: an unknown or reused pool name, an
+    /// `end_pool` / `end_region` without its opening line, a refused pool operation.
+    Scope(ScopeError),
+    /// A `pause` or `resume` the allocator refused for a reason the trace controls (an unknown
+    /// tag, pausing twice, resuming what is not paused).
+    Saver(SaverError<DeviceErr>),
     /// A misuse the allocator accepted.
     MisuseAccepted {
         /// The misuse.
@@ -349,6 +366,8 @@ impl fmt::Display for ExecError {
             ExecError::Alloc(e) => e.fmt(f),
             ExecError::Free(e) => e.fmt(f),
             ExecError::Fraction(e) => e.fmt(f),
+            ExecError::Scope(e) => e.fmt(f),
+            ExecError::Saver(e) => e.fmt(f),
             ExecError::MisuseAccepted { misuse, addr } => write!(
                 f,
                 "{} at {addr:#x} was accepted; it must be refused",
@@ -364,6 +383,38 @@ impl std::error::Error for ExecError {}
 impl From<CheckError> for ExecError {
     fn from(e: CheckError) -> Self {
         ExecError::Check(e)
+    }
+}
+
+/// A pool or region line the trace cannot make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopeError {
+    /// `pool` of a name already used.
+    PoolExists(String),
+    /// `use_pool` / `release_pool` of a name never created, or already released.
+    NoPool(String),
+    /// `end_pool` or `end_region` (the keyword) with no such scope innermost.
+    NotOpen(&'static str),
+    /// The allocator refused a pool operation.
+    Refused(PoolError),
+}
+
+impl fmt::Display for ScopeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScopeError::PoolExists(name) => write!(f, "pool `{}` already exists", Echo(name)),
+            ScopeError::NoPool(name) => {
+                write!(
+                    f,
+                    "no pool `{}` is held (never created, or released)",
+                    Echo(name)
+                )
+            }
+            ScopeError::NotOpen(keyword) => {
+                write!(f, "`{keyword}` with no matching scope innermost")
+            }
+            ScopeError::Refused(e) => e.fmt(f),
+        }
     }
 }
 
@@ -445,8 +496,9 @@ impl Scheduled {
             (DeviceCall::Malloc | DeviceCall::CreatePage, Fault::OutOfMemory)
             | (DeviceCall::MemInfo, _) => false,
             (DeviceCall::Malloc, Fault::Error(_)) => flavour == Flavour::Cuda,
-            // A page the device refuses to take back is kept for the next empty_cache.
-            (DeviceCall::ReleasePage, _) => false,
+            // A page or host buffer the device refuses to take back is kept for the next
+            // empty_cache.
+            (DeviceCall::ReleasePage | DeviceCall::FreeHost, _) => false,
             _ => true,
         }
     }
@@ -512,6 +564,18 @@ enum Outcome {
         result: Result<(), FreeError<DeviceErr>>,
     },
     Drain(Result<(), ExecError>),
+    /// A `pause` (or `resume`) of `tag` and what it returned.
+    Saver {
+        pause: bool,
+        tag: Option<String>,
+        result: Result<u64, SaverError<DeviceErr>>,
+    },
+    /// An `expect` and the bytes found.
+    Expect {
+        id: IdRef,
+        byte: u8,
+        found: Vec<u8>,
+    },
 }
 
 /// What a check compares an operation's result with: the state just before it.
@@ -533,6 +597,15 @@ pub struct Executor {
     settings_warnings: Vec<(usize, alloc_conf::Warning)>,
     last_line: usize,
     checks: Option<Box<Checks>>,
+    /// Open `use_pool` and `region` scopes, innermost last: (is a region, the pool).
+    scopes: Vec<(bool, PoolId)>,
+    /// Pools by trace name, with whether the trace still holds them.
+    pool_names: Vec<(String, PoolId, bool)>,
+    /// Memory-saver pools the regions used.
+    saver_pools: Vec<PoolId>,
+    /// Map and unmap runs of pauses and resumes, which torch does not count as device
+    /// allocations and frees.
+    saver_runs: (u64, u64),
 }
 
 impl Executor {
@@ -548,6 +621,10 @@ impl Executor {
             settings_warnings: Vec::new(),
             last_line: 0,
             checks: None,
+            scopes: Vec::new(),
+            pool_names: Vec::new(),
+            saver_pools: Vec::new(),
+            saver_runs: (0, 0),
         }
     }
 
@@ -632,7 +709,10 @@ impl Executor {
                         allocated_at: line,
                     }));
                 }
-                let result = self.alloc.malloc(size, SimStream(stream));
+                let result = match self.scopes.last() {
+                    Some(&(_, pool)) => self.alloc.malloc_in(size, SimStream(stream), pool),
+                    None => self.alloc.malloc(size, SimStream(stream)),
+                };
                 self.slots[id.index()] = match result {
                     Ok(addr) => {
                         let requested = self.alloc.stats().requested_bytes.all.current as u64;
@@ -739,7 +819,155 @@ impl Executor {
             }
             OpKind::Misuse(misuse) => self.misuse(misuse)?,
             OpKind::Drain => Outcome::Drain(self.drain()),
+            OpKind::Pool(ref p) => {
+                self.pool_op(p)?;
+                Outcome::Done
+            }
+            OpKind::Region {
+                ref tag,
+                cpu_backup,
+            } => {
+                let pool = self
+                    .alloc
+                    .saver_pool(tag, cpu_backup)
+                    .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))?;
+                self.alloc
+                    .retain_pool(pool)
+                    .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))?;
+                if !self.saver_pools.contains(&pool) {
+                    self.saver_pools.push(pool);
+                }
+                self.scopes.push((true, pool));
+                Outcome::Done
+            }
+            OpKind::EndRegion => {
+                self.end_scope(true)?;
+                Outcome::Done
+            }
+            OpKind::Pause(ref tag) | OpKind::Resume(ref tag) => {
+                let pause = matches!(op.kind, OpKind::Pause(_));
+                let runs = |d: &SimDevice| (d.map_runs(), d.unmap_runs());
+                let (maps, unmaps) = runs(self.alloc.device());
+                let result = if pause {
+                    self.alloc.pause(tag.as_deref())
+                } else {
+                    self.alloc.resume(tag.as_deref())
+                };
+                let (maps_after, unmaps_after) = runs(self.alloc.device());
+                self.saver_runs.0 += maps_after - maps;
+                self.saver_runs.1 += unmaps_after - unmaps;
+                Outcome::Saver {
+                    pause,
+                    tag: tag.clone(),
+                    result,
+                }
+            }
+            OpKind::Fill { id, byte } => self.fill_or_expect(id, byte, true),
+            OpKind::Expect { id, byte } => self.fill_or_expect(id, byte, false),
         })
+    }
+
+    /// Device allocations as torch counts them: segments, plus one per map call of pages
+    /// (pauses' and resumes' left out).
+    fn device_allocs(&self, d: &SimDevice) -> u64 {
+        d.successful_mallocs() + d.map_runs() - self.saver_runs.0
+    }
+
+    /// Device frees as torch counts them: segments, plus one per unmapped range (pauses' and
+    /// resumes' left out).
+    fn device_frees(&self, d: &SimDevice) -> u64 {
+        d.frees() + d.unmap_runs() - self.saver_runs.1
+    }
+
+    /// Runs a pool line.
+    fn pool_op(&mut self, op: &PoolOp) -> Result<(), ExecError> {
+        let refused = |e| ExecError::Scope(ScopeError::Refused(e));
+        let held = |this: &Self, name: &str| {
+            this.pool_names
+                .iter()
+                .position(|(n, _, h)| n == name && *h)
+                .ok_or_else(|| ExecError::Scope(ScopeError::NoPool(name.to_owned())))
+        };
+        match op {
+            PoolOp::Create(name) => {
+                if self.pool_names.iter().any(|(n, ..)| n == name) {
+                    return Err(ExecError::Scope(ScopeError::PoolExists(name.clone())));
+                }
+                let id = self.alloc.create_pool().map_err(refused)?;
+                self.pool_names.push((name.clone(), id, true));
+            }
+            PoolOp::Use(name) => {
+                let id = self.pool_names[held(self, name)?].1;
+                self.alloc.retain_pool(id).map_err(refused)?;
+                self.scopes.push((false, id));
+            }
+            PoolOp::End => self.end_scope(false)?,
+            PoolOp::Release(name) => {
+                let i = held(self, name)?;
+                let id = self.pool_names[i].1;
+                self.pool_names[i].2 = false;
+                self.alloc.release_pool(id).map_err(refused)?;
+                self.counts.empty_caches += 1;
+                self.alloc.empty_pool_cache(id).map_err(ExecError::Device)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves the innermost scope, which must be a region (`region`) or a pool scope.
+    fn end_scope(&mut self, region: bool) -> Result<(), ExecError> {
+        let keyword = if region { "end_region" } else { "end_pool" };
+        match self.scopes.last() {
+            Some(&(r, id)) if r == region => {
+                self.scopes.pop();
+                self.alloc
+                    .release_pool(id)
+                    .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))
+            }
+            _ => Err(ExecError::Scope(ScopeError::NotOpen(keyword))),
+        }
+    }
+
+    /// Writes (`fill`) or reads back (`expect`) the 8 bytes at each end of a live allocation.
+    /// Memory that is not backed now (a paused tag's) is skipped.
+    fn fill_or_expect(&mut self, id: IdRef, byte: u8, fill: bool) -> Outcome {
+        let Slot::Live {
+            addr, requested, ..
+        } = self.slots[id.index()]
+        else {
+            self.counts.skipped += 1;
+            return Outcome::Done;
+        };
+        let n = requested.min(8);
+        if addr == 0 || n == 0 {
+            return Outcome::Done;
+        }
+        let ends = [addr, addr + requested - n];
+        let device = self.alloc.device_mut();
+        if fill {
+            for at in ends {
+                if device.write_bytes(at, &vec![byte; n as usize]).is_err() {
+                    self.counts.skipped += 1;
+                }
+            }
+            return Outcome::Done;
+        }
+        let found: Option<Vec<u8>> = ends
+            .iter()
+            .map(|&at| device.read_bytes(at, n).ok())
+            .collect::<Option<Vec<Vec<u8>>>>()
+            .map(|v| v.concat());
+        match found {
+            Some(bytes) => Outcome::Expect {
+                id,
+                byte,
+                found: bytes,
+            },
+            None => {
+                self.counts.skipped += 1;
+                Outcome::Done
+            }
+        }
     }
 
     /// Runs a misuse: the call the API must refuse.
@@ -820,6 +1048,20 @@ impl Executor {
                 }
             }
         }
+        // The end of the program: every scope left, every pool dropped (the memory saver's
+        // included, paused or not), so that everything can go back.
+        let refused = |e| ExecError::Scope(ScopeError::Refused(e));
+        for (_, id) in std::mem::take(&mut self.scopes).into_iter().rev() {
+            self.alloc.release_pool(id).map_err(refused)?;
+        }
+        for (_, id, held) in std::mem::take(&mut self.pool_names) {
+            if held {
+                self.alloc.release_pool(id).map_err(refused)?;
+            }
+        }
+        for id in std::mem::take(&mut self.saver_pools) {
+            self.alloc.release_pool(id).map_err(refused)?;
+        }
         self.counts.empty_caches += 1;
         self.alloc.empty_cache().map_err(ExecError::Device)
     }
@@ -832,6 +1074,7 @@ impl Executor {
                 Ok(_) => {}
                 Err(AllocError::OutOfMemory(_)) => self.counts.ooms += 1,
                 Err(AllocError::TooLarge { .. }) => self.counts.refused += 1,
+                Err(AllocError::Paused { .. }) => self.counts.paused_refusals += 1,
                 Err(AllocError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
                 Err(AllocError::Device(e)) => return Err(ExecError::Device(e)),
                 Err(e) => return Err(ExecError::Alloc(e)),
@@ -856,6 +1099,14 @@ impl Executor {
                 Err(_) => {}
             },
             Outcome::Drain(result) => result?,
+            Outcome::Saver { pause, result, .. } => match result {
+                Ok(0) => {}
+                Ok(_) if pause => self.counts.pauses += 1,
+                Ok(_) => self.counts.resumes += 1,
+                Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
+                Err(SaverError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+                Err(e) => return Err(ExecError::Saver(e)),
+            },
             _ => {}
         }
         Ok(())
@@ -876,11 +1127,45 @@ impl Executor {
         match outcome {
             Outcome::Done | Outcome::Fault { scheduled: None } => {}
             Outcome::Alloc {
+                result: Err(AllocError::Paused { tag }),
+                ..
+            } => {
+                let paused = self
+                    .alloc
+                    .saver_stats()
+                    .tags
+                    .iter()
+                    .any(|t| t.tag == tag && t.paused);
+                if !paused {
+                    return Err(broken(
+                        Rule::UnexpectedResult,
+                        format!("malloc refused for tag {tag:?}, which is not paused"),
+                    ));
+                }
+                self.counts.paused_refusals += 1;
+                self.stats_are(&before.stats, "malloc in a paused region")?;
+                self.no_device_calls(before.calls, "malloc in a paused region")?;
+            }
+            Outcome::Alloc {
                 id,
                 size,
                 stream,
                 result,
             } => self.verify_malloc(id, size, stream, result, before)?,
+            Outcome::Saver { pause, tag, result } => {
+                self.verify_saver(pause, tag.as_deref(), result, before)?
+            }
+            Outcome::Expect { id, byte, found } => {
+                if found.iter().any(|&b| b != byte) {
+                    return Err(broken(
+                        Rule::Contents,
+                        format!(
+                            "{} holds {found:?}, expected {byte} throughout",
+                            self.name(id)
+                        ),
+                    ));
+                }
+            }
             Outcome::Free { addr, result } => self.verify_free(addr, result, before)?,
             Outcome::Record { result } => {
                 result
@@ -953,7 +1238,7 @@ impl Executor {
                 self.stats_are(&expected, "reset_accumulated")?;
                 let (mallocs, frees) = {
                     let d = self.alloc.device();
-                    (device_allocs(d), device_frees(d))
+                    (self.device_allocs(d), self.device_frees(d))
                 };
                 let c = self.checks();
                 c.base = expected;
@@ -1051,6 +1336,61 @@ impl Executor {
                 format!("{what}: allocation.all.current is {now}, expected {expected}"),
             ))
         }
+    }
+
+    /// A `pause` or `resume`: torch's stats never move; the result is what the tags' state and
+    /// the faults that fired allow.
+    fn verify_saver(
+        &mut self,
+        pause: bool,
+        tag: Option<&str>,
+        result: Result<u64, SaverError<DeviceErr>>,
+        before: &Before,
+    ) -> Result<(), CheckError> {
+        let fired = self.take_fired();
+        let what = format!("{}({tag:?})", if pause { "pause" } else { "resume" });
+        let flavour = self.alloc.facts().flavour;
+        let must_fail = surfacing(&fired, flavour, &what)?;
+        let tags = self.alloc.saver_stats().tags;
+        let state = |t: &str| tags.iter().find(|x| x.tag == t).map(|x| x.paused);
+        let oom_fired = fired.iter().any(|f| {
+            matches!(f.call, DeviceCall::CreatePage | DeviceCall::AllocHost)
+                && f.fault == Fault::OutOfMemory
+        });
+        let ok = match &result {
+            Ok(_) => must_fail.is_none(),
+            Err(SaverError::Device(e)) => must_fail.as_ref() == Some(e),
+            Err(SaverError::UnknownTag(t)) => state(t).is_none(),
+            Err(SaverError::AlreadyPaused(t)) => pause && state(t) == Some(true),
+            Err(SaverError::NotPaused(t)) => !pause && state(t) == Some(false),
+            Err(SaverError::OutOfMemory { .. }) => {
+                // The whole resume must fit: every paused byte of the tags it resumes.
+                let needed: i64 = tags
+                    .iter()
+                    .filter(|t| tag.is_none_or(|want| want == t.tag))
+                    .map(|t| t.paused_bytes.current)
+                    .sum();
+                let device = self.alloc.device();
+                let used = device.outstanding_bytes() + device.page_bytes();
+                oom_fired || used + device.device_overhead() + needed as u64 > device.capacity()
+            }
+            Err(_) => false,
+        };
+        if !ok {
+            return Err(broken(
+                Rule::UnexpectedResult,
+                format!("{what} returned {result:?} (faults fired: {fired:?})"),
+            ));
+        }
+        match result {
+            Ok(0) => {}
+            Ok(_) if pause => self.counts.pauses += 1,
+            Ok(_) => self.counts.resumes += 1,
+            Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
+            Err(SaverError::Device(_)) => self.counts.device_errors += 1,
+            Err(_) => {}
+        }
+        self.stats_are(&before.stats, &what)
     }
 
     fn verify_malloc(
@@ -1413,12 +1753,12 @@ impl Executor {
             (
                 "num_device_alloc",
                 s.num_device_alloc,
-                device_allocs(d) - c.base_mallocs,
+                self.device_allocs(d) - c.base_mallocs,
             ),
             (
                 "num_device_free",
                 s.num_device_free,
-                device_frees(d) - c.base_frees,
+                self.device_frees(d) - c.base_frees,
             ),
             ("num_ooms", s.num_ooms, c.ooms_since_reset),
         ] {
@@ -1454,6 +1794,8 @@ impl Executor {
     /// The report of the run so far.
     pub fn finish(self, setup: &Setup) -> Report {
         let device = self.alloc.device();
+        let (device_mallocs, device_frees) =
+            (self.device_allocs(device), self.device_frees(device));
         Report {
             end: StatsRecord {
                 label: "end".into(),
@@ -1462,25 +1804,16 @@ impl Executor {
             },
             records: self.records,
             counts: self.counts,
-            device_mallocs: device_allocs(device),
-            device_frees: device_frees(device),
+            device_mallocs,
+            device_frees,
             device_peak_bytes: device.peak_outstanding_bytes(),
             peak_requested_bytes: self.peak_requested,
             notices: self.alloc.notices().to_vec(),
             settings_warnings: self.settings_warnings,
+            saver: self.alloc.saver_stats(),
             setup: setup.clone(),
         }
     }
-}
-
-/// Device allocations as torch counts them: segments, plus one per map call of pages.
-fn device_allocs(d: &SimDevice) -> u64 {
-    d.successful_mallocs() + d.map_runs()
-}
-
-/// Device frees as torch counts them: segments, plus one per unmapped range.
-fn device_frees(d: &SimDevice) -> u64 {
-    d.frees() + d.unmap_runs()
 }
 
 /// The outcome of a run.
@@ -1507,6 +1840,8 @@ pub struct Report {
     pub notices: Vec<alloc_core::Notice>,
     /// Warnings about the strings of `set_allocator_settings` lines, with their line numbers.
     pub settings_warnings: Vec<(usize, alloc_conf::Warning)>,
+    /// The memory saver's figures at the end (peaks since the last `reset_peak`).
+    pub saver: alloc_core::SaverStats,
     /// The setup the run used.
     pub setup: Setup,
 }

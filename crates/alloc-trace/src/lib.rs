@@ -21,7 +21,7 @@ pub use exec::{
     CheckError, Checks, ExecError, Executor, Failure, IdError, OpCounts, Report, Rule, Setup,
     StatsRecord,
 };
-pub use op::{IdRef, Misuse, Op, OpKind, Trace, flavour_name, well_formed};
+pub use op::{IdRef, Misuse, Op, OpKind, PoolOp, Trace, flavour_name, well_formed};
 pub use parse::{
     Echo, KEYWORDS, LoadError, TraceError, TraceErrorKind, load, parse_bytes, parse_str,
 };

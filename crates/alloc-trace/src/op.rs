@@ -135,6 +135,53 @@ pub enum OpKind {
     /// string without blanks), read by `alloc_conf::parse_settings` on top of the configuration
     /// in force.
     Settings(String),
+    /// Private pools (torch's `MemPool`): `pool <name>`, `use_pool <name>`, `end_pool`,
+    /// `release_pool <name>`.
+    Pool(PoolOp),
+    /// `region <tag> [cpu_backup]`: allocations until the matching `end_region` come from the
+    /// memory saver's pool of `tag` (torch_memory_saver's `region`).
+    Region {
+        /// The tag.
+        tag: String,
+        /// Whether a pause copies the tag's memory to the host first.
+        cpu_backup: bool,
+    },
+    /// `end_region`: leaves the innermost region.
+    EndRegion,
+    /// `pause [<tag>]`: the memory saver's pause of `tag` (every tag without one).
+    Pause(Option<String>),
+    /// `resume [<tag>]`: the memory saver's resume of `tag` (every paused tag without one).
+    Resume(Option<String>),
+    /// `fill <id> <byte>`: writes `byte` into the first and last 8 bytes of allocation `id`.
+    Fill {
+        /// The allocation's name.
+        id: IdRef,
+        /// The byte written.
+        byte: u8,
+    },
+    /// `expect <id> <byte>`: with checks, the first and last 8 bytes of allocation `id` must
+    /// hold `byte` (as after a `fill`, and a pause and resume with CPU backup).
+    Expect {
+        /// The allocation's name.
+        id: IdRef,
+        /// The byte expected.
+        byte: u8,
+    },
+}
+
+/// An operation on a private pool, by the name the trace gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolOp {
+    /// `pool <name>`: creates a pool (torch's `MemPool()`), held by the trace.
+    Create(String),
+    /// `use_pool <name>`: allocations until the matching `end_pool` come from the pool (torch's
+    /// `use_mem_pool`).
+    Use(String),
+    /// `end_pool`: leaves the innermost `use_pool`.
+    End,
+    /// `release_pool <name>`: drops the trace's hold on the pool (a `MemPool` deleted: release,
+    /// then empty its cache).
+    Release(String),
 }
 
 impl OpKind {
@@ -154,6 +201,16 @@ impl OpKind {
             OpKind::Misuse(m) => m.keyword(),
             OpKind::Drain => "drain",
             OpKind::Settings(_) => "set_allocator_settings",
+            OpKind::Pool(PoolOp::Create(_)) => "pool",
+            OpKind::Pool(PoolOp::Use(_)) => "use_pool",
+            OpKind::Pool(PoolOp::End) => "end_pool",
+            OpKind::Pool(PoolOp::Release(_)) => "release_pool",
+            OpKind::Region { .. } => "region",
+            OpKind::EndRegion => "end_region",
+            OpKind::Pause(_) => "pause",
+            OpKind::Resume(_) => "resume",
+            OpKind::Fill { .. } => "fill",
+            OpKind::Expect { .. } => "expect",
         }
     }
 }
@@ -242,9 +299,19 @@ pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Ve
         Live,
         Freed,
     }
+    #[derive(Clone, Copy, PartialEq)]
+    enum Scope {
+        Pool,
+        Region,
+    }
     let mut state = vec![State::Never; id_count];
+    // Pool names created, with whether the trace still holds them.
+    let mut pools: Vec<(String, bool)> = Vec::new();
+    let mut scopes: Vec<Scope> = Vec::new();
     let mut out = Vec::new();
     for op in ops {
+        let held =
+            |pools: &[(String, bool)], name: &str| pools.iter().any(|(n, h)| n == name && *h);
         let keep = match &op {
             OpKind::Alloc { id, .. } => {
                 let s = &mut state[id.index()];
@@ -254,17 +321,61 @@ pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Ve
                 let s = &mut state[id.index()];
                 (*s == State::Live).then(|| *s = State::Freed).is_some()
             }
-            OpKind::Record { id, .. } | OpKind::Misuse(Misuse::InteriorPointer { id }) => {
-                state[id.index()] == State::Live
-            }
+            OpKind::Record { id, .. }
+            | OpKind::Misuse(Misuse::InteriorPointer { id })
+            | OpKind::Fill { id, .. }
+            | OpKind::Expect { id, .. } => state[id.index()] == State::Live,
             OpKind::Misuse(Misuse::DoubleFree { id } | Misuse::RecordFreed { id, .. }) => {
                 state[id.index()] == State::Freed
+            }
+            OpKind::Pool(PoolOp::Create(name)) => {
+                let new = !pools.iter().any(|(n, _)| n == name);
+                if new {
+                    pools.push((name.clone(), true));
+                }
+                new
+            }
+            OpKind::Pool(PoolOp::Use(name)) => {
+                let ok = held(&pools, name);
+                if ok {
+                    scopes.push(Scope::Pool);
+                }
+                ok
+            }
+            OpKind::Pool(PoolOp::Release(name)) => {
+                let ok = held(&pools, name);
+                if let Some(p) = pools.iter_mut().find(|(n, _)| n == name) {
+                    p.1 = false;
+                }
+                ok
+            }
+            OpKind::Pool(PoolOp::End) => {
+                let ok = scopes.last() == Some(&Scope::Pool);
+                if ok {
+                    scopes.pop();
+                }
+                ok
+            }
+            OpKind::Region { .. } => {
+                scopes.push(Scope::Region);
+                true
+            }
+            OpKind::EndRegion => {
+                let ok = scopes.last() == Some(&Scope::Region);
+                if ok {
+                    scopes.pop();
+                }
+                ok
             }
             OpKind::Drain => {
                 for s in &mut state {
                     if *s == State::Live {
                         *s = State::Freed;
                     }
+                }
+                scopes.clear();
+                for p in &mut pools {
+                    p.1 = false;
                 }
                 true
             }

@@ -17,7 +17,7 @@ use std::path::Path;
 use alloc_core::Flavour;
 use alloc_sim::{DeviceCall, Fault};
 
-use crate::op::{IdRef, Misuse, Op, OpKind, Trace};
+use crate::op::{IdRef, Misuse, Op, OpKind, PoolOp, Trace};
 use crate::size::{SizeError, parse_size};
 
 /// A malformed trace line: shown as `file:line: message`.
@@ -138,6 +138,13 @@ pub enum TraceErrorKind {
         /// The token found.
         token: String,
     },
+    /// An option word the keyword does not take (`region` takes `cpu_backup`).
+    UnknownOption {
+        /// The keyword.
+        keyword: &'static str,
+        /// The token found.
+        token: String,
+    },
     /// A `fault` line naming a call the simulated device does not have.
     UnknownCall {
         /// The token found.
@@ -161,7 +168,7 @@ pub enum TraceErrorKind {
 
 /// Every keyword of the format (directives and operations), for the "keywords are lower case"
 /// hint and for tests that generate traces.
-pub const KEYWORDS: [&str; 21] = [
+pub const KEYWORDS: [&str; 31] = [
     "capacity",
     "conf",
     "device_overhead",
@@ -183,6 +190,16 @@ pub const KEYWORDS: [&str; 21] = [
     "free_interior",
     "drain",
     "set_allocator_settings",
+    "pool",
+    "use_pool",
+    "end_pool",
+    "release_pool",
+    "region",
+    "end_region",
+    "pause",
+    "resume",
+    "fill",
+    "expect",
 ];
 
 impl fmt::Display for TraceErrorKind {
@@ -249,6 +266,11 @@ impl fmt::Display for TraceErrorKind {
                     "directive `{directive}` given twice (first at line {first_line})"
                 )
             }
+            TraceErrorKind::UnknownOption { keyword, token } => write!(
+                f,
+                "unknown option `{}` after `{keyword}`: expected `cpu_backup`",
+                Echo(token)
+            ),
             TraceErrorKind::UnknownFlavour { token } => {
                 write!(
                     f,
@@ -616,6 +638,64 @@ impl<'a> Parser<'a> {
                 let settings = args.need("<string>")?.to_owned();
                 args.end()?;
                 OpKind::Settings(settings)
+            }
+            "pool" | "use_pool" | "release_pool" => {
+                let name = args.need("<name>")?.to_owned();
+                args.end()?;
+                OpKind::Pool(match keyword {
+                    "pool" => PoolOp::Create(name),
+                    "use_pool" => PoolOp::Use(name),
+                    _ => PoolOp::Release(name),
+                })
+            }
+            "end_pool" => {
+                args.end()?;
+                OpKind::Pool(PoolOp::End)
+            }
+            "region" => {
+                let tag = args.need("<tag>")?.to_owned();
+                let cpu_backup = match args.optional() {
+                    None => false,
+                    Some("cpu_backup") => true,
+                    Some(token) => {
+                        return Err(TraceErrorKind::UnknownOption {
+                            keyword,
+                            token: token.to_owned(),
+                        });
+                    }
+                };
+                args.end()?;
+                OpKind::Region { tag, cpu_backup }
+            }
+            "end_region" => {
+                args.end()?;
+                OpKind::EndRegion
+            }
+            "pause" | "resume" => {
+                let tag = args.optional().map(str::to_owned);
+                args.end()?;
+                if keyword == "pause" {
+                    OpKind::Pause(tag)
+                } else {
+                    OpKind::Resume(tag)
+                }
+            }
+            "fill" | "expect" => {
+                let id = self.intern(args.need("<id>")?)?;
+                let token = args.need("<byte>")?;
+                let byte = number_arg("byte", token)
+                    .ok()
+                    .and_then(|b| u8::try_from(b).ok())
+                    .ok_or_else(|| TraceErrorKind::BadNumber {
+                        what: "byte (0 to 255)",
+                        token: token.to_owned(),
+                    })?;
+                args.end()?;
+                if keyword == "fill" {
+                    OpKind::Fill { id, byte }
+                } else {
+                    OpKind::Expect { id, byte }
+                }
             }
             "stats" => {
                 let label = args.optional().map(str::to_owned);

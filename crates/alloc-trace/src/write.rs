@@ -5,7 +5,7 @@ use std::fmt::{self, Write};
 
 use alloc_sim::Fault;
 
-use crate::op::{Misuse, OpKind, Trace};
+use crate::op::{Misuse, OpKind, PoolOp, Trace};
 
 /// One operation as its `.trace` line (without the newline), ids by their names in `trace`.
 pub struct Line<'a> {
@@ -33,6 +33,25 @@ impl fmt::Display for Line<'_> {
             OpKind::Complete { stream: Some(s) } => write!(f, "{keyword} {s}"),
             OpKind::Fraction(x) => write!(f, "{keyword} {x}"),
             OpKind::Settings(ref settings) => write!(f, "{keyword} {settings}"),
+            OpKind::Pool(
+                PoolOp::Create(ref name) | PoolOp::Use(ref name) | PoolOp::Release(ref name),
+            ) => write!(f, "{keyword} {name}"),
+            OpKind::Region {
+                ref tag,
+                cpu_backup,
+            } => {
+                if cpu_backup {
+                    write!(f, "{keyword} {tag} cpu_backup")
+                } else {
+                    write!(f, "{keyword} {tag}")
+                }
+            }
+            OpKind::Pause(Some(ref tag)) | OpKind::Resume(Some(ref tag)) => {
+                write!(f, "{keyword} {tag}")
+            }
+            OpKind::Fill { id, byte } | OpKind::Expect { id, byte } => {
+                write!(f, "{keyword} {} {byte}", name(id))
+            }
             OpKind::Stats { label: Some(ref l) } => write!(f, "{keyword} {l}"),
             OpKind::Fault { call, nth, fault } => match fault {
                 Fault::OutOfMemory => write!(f, "{keyword} {call} {nth} oom"),
@@ -52,6 +71,10 @@ impl fmt::Display for Line<'_> {
             | OpKind::EmptyCache
             | OpKind::ResetPeak
             | OpKind::ResetAccumulated
+            | OpKind::Pool(PoolOp::End)
+            | OpKind::EndRegion
+            | OpKind::Pause(None)
+            | OpKind::Resume(None)
             | OpKind::Drain => f.write_str(keyword),
         }
     }

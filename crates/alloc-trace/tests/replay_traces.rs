@@ -170,6 +170,27 @@ fn expandable_pad() {
 }
 
 #[test]
+fn rl_memory_saver() {
+    // The numbers the trace's comments promise: pausing the rollout engine's 24 GiB keeps the
+    // physical peak that much below the peak without pauses (torch's peak reserved).
+    let r = run("rl_memory_saver", None);
+    let reserved_peak = get(&r, "end", "reserved_bytes.all.peak");
+    assert_eq!(reserved_peak, 77_353_451_520);
+    assert_eq!(r.saver.held_bytes.peak, 51_564_773_376);
+    assert_eq!(r.saver.paused_bytes.peak, 25_788_678_144);
+    assert!(r.saver.held_bytes.peak <= reserved_peak - r.saver.paused_bytes.peak);
+    assert_eq!((r.counts.pauses, r.counts.resumes), (2, 2));
+    // The weights come back byte for byte (the trace's `expect` lines, checked).
+    let path = format!(
+        "{}/traces/rl_memory_saver.trace",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let trace = alloc_trace::load(&path).unwrap();
+    let setup = Setup::from_trace(&trace, Default::default(), None, None);
+    alloc_trace::replay_checked(&trace, &setup, alloc_trace::Checks::default()).unwrap();
+}
+
+#[test]
 fn a_reserve_past_8_eib_is_out_of_memory() {
     // A legal trace on an absurd simulated device: nine allocations just under 1 EiB (each a
     // 1 EiB segment). torch's int64 stats cannot count a reserve past i64::MAX bytes, so the

@@ -158,6 +158,33 @@ fn print_summary(path: &Path, conf: &str, report: &Report, seconds: f64) {
         "reserved/requested  {:.3}",
         ratio(peak_reserved, peak_requested)
     );
+    if !report.saver.tags.is_empty() {
+        let saver = &report.saver;
+        say!(
+            "peak held           {} ({} bytes): physical memory with the memory saver's pauses",
+            FormatSize(saver.held_bytes.peak as u64),
+            saver.held_bytes.peak
+        );
+        say!(
+            "peak without pauses {} ({} bytes): peak reserved, as if nothing were paused",
+            FormatSize(s.reserved_bytes.all.peak as u64),
+            s.reserved_bytes.all.peak
+        );
+        say!(
+            "peak paused         {} ({} bytes)",
+            FormatSize(saver.paused_bytes.peak as u64),
+            saver.paused_bytes.peak
+        );
+        let c = &report.counts;
+        say!(
+            "pauses / resumes    {} / {} ({} resumes out of memory, {} allocations refused \
+             while paused)",
+            c.pauses,
+            c.resumes,
+            c.resume_ooms,
+            c.paused_refusals
+        );
+    }
     say!("segments now        {}", s.segment.all.current);
     say!("device mallocs      {}", report.device_mallocs);
     say!("device frees        {}", report.device_frees);
