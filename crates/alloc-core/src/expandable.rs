@@ -31,6 +31,17 @@ use crate::size::{PoolKind, SMALL_BUFFER};
 /// give them back.
 const PROBE_BYTES: u64 = 512;
 
+/// What the 512-byte probe found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The reservation worked.
+    Supported,
+    /// The device has no virtual memory.
+    Unsupported,
+    /// The reservation failed with an error.
+    Failed,
+}
+
 /// One reserved virtual address range and the pages mapped into it.
 #[derive(Debug)]
 pub(crate) struct ExpandableSegment<P> {
@@ -106,21 +117,30 @@ impl<D: Device> Allocator<D> {
     /// torch_npu's check before expandable segments go on: reserve 512 bytes of address space and
     /// give them back. Returns whether virtual memory works; records a notice when not.
     pub(crate) fn probe_virtual_memory(&mut self) -> bool {
+        match self.probe() {
+            Probe::Supported => true,
+            Probe::Unsupported => {
+                self.notice(Notice::ExpandableSegmentsUnsupported);
+                false
+            }
+            Probe::Failed => {
+                self.notice(Notice::ExpandableSegmentsProbeFailed);
+                false
+            }
+        }
+    }
+
+    /// Reserves 512 bytes of address space and gives them back.
+    pub(crate) fn probe(&mut self) -> Probe {
         match self.device.reserve_address(PROBE_BYTES) {
             Ok(addr) => {
                 if self.device.release_address(addr, PROBE_BYTES).is_err() {
                     self.parked.ranges.push((addr, PROBE_BYTES));
                 }
-                true
+                Probe::Supported
             }
-            Err(VmmError::Unsupported) => {
-                self.notice(Notice::ExpandableSegmentsUnsupported);
-                false
-            }
-            Err(VmmError::OutOfMemory | VmmError::Other(_)) => {
-                self.notice(Notice::ExpandableSegmentsProbeFailed);
-                false
-            }
+            Err(VmmError::Unsupported) => Probe::Unsupported,
+            Err(VmmError::OutOfMemory | VmmError::Other(_)) => Probe::Failed,
         }
     }
 
@@ -471,7 +491,8 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `release_expandable_segment`: a segment whose whole range is one unmapped block
-    /// gives its range back and is forgotten. On a device error it stays, to be offered again.
+    /// gives its range back and is forgotten; a range the device refuses is kept to be offered
+    /// again at the next `empty_cache`.
     pub(crate) fn release_expandable_segment(
         &mut self,
         id: BlockId,
@@ -483,7 +504,10 @@ impl<D: Device> Allocator<D> {
         let vm = block
             .vm
             .expect("only expandable segments are released here");
-        self.device.release_address(addr, size)?;
+        if self.device.release_address(addr, size).is_err() {
+            // Nothing is mapped there any more: the range is kept to be given back later.
+            self.parked.ranges.push((addr, size));
+        }
         self.pools[(set, pool)].unmapped.remove(&(stream, addr));
         self.count_pool_segment(set, -1);
         self.segments.remove(&addr);
@@ -516,15 +540,13 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Offers the device again what it refused to take back, and releases segments left wholly
-    /// unmapped by an earlier failure. What it refuses again stays parked; a range it refuses
-    /// ends the call with the error.
+    /// unmapped by an earlier failure. What it refuses again stays parked.
     pub(crate) fn retry_parked(&mut self) -> Result<(), VmmError<D::Error>> {
         let pages = core::mem::take(&mut self.parked.pages);
         self.release_pages(pages);
-        while let Some((addr, bytes)) = self.parked.ranges.pop() {
-            if let Err(e) = self.device.release_address(addr, bytes) {
+        for (addr, bytes) in core::mem::take(&mut self.parked.ranges) {
+            if self.device.release_address(addr, bytes).is_err() {
                 self.parked.ranges.push((addr, bytes));
-                return Err(e);
             }
         }
         let idle: Vec<BlockId> = self

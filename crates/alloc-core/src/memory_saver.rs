@@ -168,7 +168,8 @@ impl<D: Device> Allocator<D> {
         if let Some(p) = existing {
             return Ok(p.id);
         }
-        if !self.probe_virtual_memory() {
+        // A probe that fails with an error says nothing: the first segment will tell.
+        if self.probe() == crate::expandable::Probe::Unsupported {
             return Err(PoolError::NoVirtualMemory);
         }
         // A tag paused before keeps refusing allocations in its new pool too.
@@ -268,11 +269,20 @@ impl<D: Device> Allocator<D> {
         let SaverTag {
             tag, cpu_backup, ..
         } = self.saver_tag(set).clone();
+        let kept = self
+            .saver
+            .segments
+            .get_mut(&addr)
+            .and_then(|s| s.backup.take());
         let backup = if cpu_backup {
-            let mut buffer = self
-                .device
-                .alloc_host(size)
-                .map_err(|e| saver_err(e, &tag, size))?;
+            // A segment left mapped by a failed resume still has its host buffer: reuse it.
+            let mut buffer = match kept {
+                Some(buffer) => buffer,
+                None => self
+                    .device
+                    .alloc_host(size)
+                    .map_err(|e| saver_err(e, &tag, size))?,
+            };
             if let Err(e) = self.device.copy_to_host(&mut buffer, addr, size) {
                 self.give_back_host(buffer);
                 return Err(saver_err(e, &tag, size));
@@ -558,6 +568,11 @@ impl<D: Device> Allocator<D> {
     #[inline]
     pub(crate) fn is_saver_segment(&self, addr: u64) -> bool {
         !self.saver.segments.is_empty() && self.saver.segments.contains_key(&addr)
+    }
+
+    /// Bytes the memory saver has paused now.
+    pub fn paused_bytes(&self) -> u64 {
+        self.saver.paused.current as u64
     }
 
     /// Memory-saver segments and their state, for the checker: (address, size, mapped).

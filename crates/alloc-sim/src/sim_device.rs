@@ -281,6 +281,9 @@ pub struct SimDevice {
     next_host_id: u64,
     /// The call before the current one, to count runs of maps and unmaps.
     last_call: Option<DeviceCall>,
+    /// While the calls since the last unmap were only unmaps and page releases: the reserved
+    /// range of that unmap and the address just past it, where the run would continue.
+    unmap_run: Option<(u64, u64)>,
     map_runs: u64,
     unmap_runs: u64,
 }
@@ -321,6 +324,7 @@ impl SimDevice {
             host_buffers: HashMap::new(),
             next_host_id: 0,
             last_call: None,
+            unmap_run: None,
             map_runs: 0,
             unmap_runs: 0,
         }
@@ -411,6 +415,9 @@ impl SimDevice {
     /// Counts a call; returns the call before it.
     fn count(&mut self, call: DeviceCall) -> Option<DeviceCall> {
         self.calls[call as usize] += 1;
+        if !matches!(call, DeviceCall::Unmap | DeviceCall::ReleasePage) {
+            self.unmap_run = None;
+        }
         self.last_call.replace(call)
     }
 
@@ -420,8 +427,9 @@ impl SimDevice {
         self.map_runs
     }
 
-    /// Runs of successful `unmap` calls with only `release_page` calls between them: one per
-    /// unmapped range of the allocator (torch's `num_device_free` per `unmap_block`).
+    /// Runs of successful `unmap` calls of consecutive pages of one reserved range, with only
+    /// `release_page` calls between them: one per unmapped range of the allocator (torch's
+    /// `num_device_free` per `unmap_block`).
     pub fn unmap_runs(&self) -> u64 {
         self.unmap_runs
     }
@@ -871,7 +879,7 @@ impl Device for SimDevice {
     }
 
     fn unmap(&mut self, addr: u64, bytes: u64) -> Result<(), VmmError<SimError>> {
-        let before = self.count(DeviceCall::Unmap);
+        self.count(DeviceCall::Unmap);
         if !self.vmm_supported {
             return Err(VmmError::Unsupported);
         }
@@ -880,9 +888,11 @@ impl Device for SimDevice {
         };
         self.mappings.remove(&addr);
         self.mapped_bytes -= size;
-        if !matches!(before, Some(DeviceCall::Unmap | DeviceCall::ReleasePage)) {
+        let range = self.range_containing(addr).map_or(0, |r| r.0);
+        if self.unmap_run != Some((range, addr)) {
             self.unmap_runs += 1;
         }
+        self.unmap_run = Some((range, addr + size));
         if let Some((_, at)) = self.pages.get_mut(&id) {
             *at = None;
         }

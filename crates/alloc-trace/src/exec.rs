@@ -496,27 +496,38 @@ impl Scheduled {
             (DeviceCall::Malloc | DeviceCall::CreatePage, Fault::OutOfMemory)
             | (DeviceCall::MemInfo, _) => false,
             (DeviceCall::Malloc, Fault::Error(_)) => flavour == Flavour::Cuda,
-            // A page or host buffer the device refuses to take back is kept for the next
+            // A page, host buffer or range the device refuses to take back is kept for the next
             // empty_cache.
-            (DeviceCall::ReleasePage | DeviceCall::FreeHost, _) => false,
+            (DeviceCall::ReleasePage | DeviceCall::FreeHost | DeviceCall::ReleaseAddress, _) => {
+                false
+            }
             _ => true,
         }
     }
 }
 
 /// The one device error an operation must return given the faults that fired in it, or `None`
-/// when it must succeed (or run out of memory). More than one aborting fault cannot fire in one
-/// operation, since the first one ends it.
+/// when it must succeed (or run out of memory). The first aborting fault ends the operation; the
+/// only device calls after it undo what the operation had done (an unmap, a range given back),
+/// and their failures are absorbed (the memory stays mapped, the range is kept to retry).
 fn surfacing(
     fired: &[Scheduled],
     flavour: Flavour,
     what: &str,
 ) -> Result<Option<DeviceErr>, CheckError> {
-    let mut aborting = fired.iter().filter(|f| f.aborts(flavour));
-    match (aborting.next(), aborting.next()) {
-        (None, _) => Ok(None),
-        (Some(f), None) => Ok(Some(f.error())),
-        (Some(_), Some(_)) => Err(broken(
+    let aborting: Vec<&Scheduled> = fired.iter().filter(|f| f.aborts(flavour)).collect();
+    let primary: Vec<&&Scheduled> = if aborting.len() > 1 {
+        aborting
+            .iter()
+            .filter(|f| !matches!(f.call, DeviceCall::Unmap | DeviceCall::ReleaseAddress))
+            .collect()
+    } else {
+        aborting.iter().collect()
+    };
+    match primary[..] {
+        [] if aborting.is_empty() => Ok(None),
+        [f] => Ok(Some(f.error())),
+        _ => Err(broken(
             Rule::UnexpectedResult,
             format!("{what}: the device failed again after a failure: {fired:?}"),
         )),
@@ -576,6 +587,10 @@ enum Outcome {
         byte: u8,
         found: Vec<u8>,
     },
+    /// What emptying a released pool's cache gave.
+    EmptyPool(Result<(), DeviceErr>),
+    /// An operation whose device failures are all absorbed.
+    Absorbed,
 }
 
 /// What a check compares an operation's result with: the state just before it.
@@ -603,9 +618,19 @@ pub struct Executor {
     pool_names: Vec<(String, PoolId, bool)>,
     /// Memory-saver pools the regions used.
     saver_pools: Vec<PoolId>,
+    /// Those of them with CPU backup.
+    saver_backups: Vec<PoolId>,
     /// Map and unmap runs of pauses and resumes, which torch does not count as device
     /// allocations and frees.
     saver_runs: (u64, u64),
+    /// Paused memory-saver segments released (torch counts each in `num_device_free`, though
+    /// nothing is unmapped).
+    paused_releases: u64,
+    /// The byte a `fill` wrote into each live allocation whose contents survive a pause (not
+    /// one of a memory-saver region without CPU backup).
+    filled: std::collections::HashMap<IdRef, u8>,
+    /// Whether each id's current allocation was made in a region without CPU backup.
+    volatile: std::collections::HashSet<IdRef>,
 }
 
 impl Executor {
@@ -624,7 +649,11 @@ impl Executor {
             scopes: Vec::new(),
             pool_names: Vec::new(),
             saver_pools: Vec::new(),
+            saver_backups: Vec::new(),
             saver_runs: (0, 0),
+            paused_releases: 0,
+            filled: std::collections::HashMap::new(),
+            volatile: std::collections::HashSet::new(),
         }
     }
 
@@ -690,7 +719,21 @@ impl Executor {
             calls: self.calls(),
             expandable: self.alloc.conf().expandable_segments,
         });
+        let paused: Vec<u64> = if self.alloc.paused_bytes() > 0 {
+            self.alloc
+                .saver_segments()
+                .into_iter()
+                .filter(|s| !s.2)
+                .map(|s| s.0)
+                .collect()
+        } else {
+            Vec::new()
+        };
         let outcome = self.execute(op)?;
+        if !paused.is_empty() {
+            let now: Vec<u64> = self.alloc.saver_segments().iter().map(|s| s.0).collect();
+            self.paused_releases += paused.iter().filter(|a| !now.contains(a)).count() as u64;
+        }
         match before {
             None => self.judge(outcome),
             Some(before) => self.verify(op, &before, outcome).map_err(ExecError::Check),
@@ -713,6 +756,12 @@ impl Executor {
                     Some(&(_, pool)) => self.alloc.malloc_in(size, SimStream(stream), pool),
                     None => self.alloc.malloc(size, SimStream(stream)),
                 };
+                self.filled.remove(&id);
+                if self.in_volatile_region() {
+                    self.volatile.insert(id);
+                } else {
+                    self.volatile.remove(&id);
+                }
                 self.slots[id.index()] = match result {
                     Ok(addr) => {
                         let requested = self.alloc.stats().requested_bytes.all.current as u64;
@@ -819,10 +868,10 @@ impl Executor {
             }
             OpKind::Misuse(misuse) => self.misuse(misuse)?,
             OpKind::Drain => Outcome::Drain(self.drain()),
-            OpKind::Pool(ref p) => {
-                self.pool_op(p)?;
-                Outcome::Done
-            }
+            OpKind::Pool(ref p) => match self.pool_op(p)? {
+                Some(emptied) => Outcome::EmptyPool(emptied),
+                None => Outcome::Done,
+            },
             OpKind::Region {
                 ref tag,
                 cpu_backup,
@@ -837,8 +886,12 @@ impl Executor {
                 if !self.saver_pools.contains(&pool) {
                     self.saver_pools.push(pool);
                 }
+                if cpu_backup && !self.saver_backups.contains(&pool) {
+                    self.saver_backups.push(pool);
+                }
                 self.scopes.push((true, pool));
-                Outcome::Done
+                // A new tag's pool probes the device; a failed probe is ignored.
+                Outcome::Absorbed
             }
             OpKind::EndRegion => {
                 self.end_scope(true)?;
@@ -867,6 +920,31 @@ impl Executor {
         })
     }
 
+    /// Whether the innermost scope is a memory-saver region without CPU backup.
+    fn in_volatile_region(&self) -> bool {
+        self.scopes
+            .last()
+            .is_some_and(|&(region, pool)| region && !self.saver_backups.contains(&pool))
+    }
+
+    /// The byte `expect` should find in live allocation `id`: what a `fill` wrote, for memory
+    /// whose contents survive pauses.
+    pub fn filled(&self, id: IdRef) -> Option<u8> {
+        if self.volatile.contains(&id) || !self.is_live(id) {
+            return None;
+        }
+        self.filled.get(&id).copied()
+    }
+
+    /// Whether the memory saver has paused `tag` now.
+    pub fn is_paused(&self, tag: &str) -> bool {
+        self.alloc
+            .saver_stats()
+            .tags
+            .iter()
+            .any(|t| t.tag == tag && t.paused)
+    }
+
     /// Device allocations as torch counts them: segments, plus one per map call of pages
     /// (pauses' and resumes' left out).
     fn device_allocs(&self, d: &SimDevice) -> u64 {
@@ -876,11 +954,11 @@ impl Executor {
     /// Device frees as torch counts them: segments, plus one per unmapped range (pauses' and
     /// resumes' left out).
     fn device_frees(&self, d: &SimDevice) -> u64 {
-        d.frees() + d.unmap_runs() - self.saver_runs.1
+        d.frees() + d.unmap_runs() - self.saver_runs.1 + self.paused_releases
     }
 
-    /// Runs a pool line.
-    fn pool_op(&mut self, op: &PoolOp) -> Result<(), ExecError> {
+    /// Runs a pool line; a `release_pool` returns what emptying the pool's cache gave.
+    fn pool_op(&mut self, op: &PoolOp) -> Result<Option<Result<(), DeviceErr>>, ExecError> {
         let refused = |e| ExecError::Scope(ScopeError::Refused(e));
         let held = |this: &Self, name: &str| {
             this.pool_names
@@ -908,10 +986,10 @@ impl Executor {
                 self.pool_names[i].2 = false;
                 self.alloc.release_pool(id).map_err(refused)?;
                 self.counts.empty_caches += 1;
-                self.alloc.empty_pool_cache(id).map_err(ExecError::Device)?;
+                return Ok(Some(self.alloc.empty_pool_cache(id)));
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// Leaves the innermost scope, which must be a region (`region`) or a pool scope.
@@ -945,10 +1023,14 @@ impl Executor {
         let ends = [addr, addr + requested - n];
         let device = self.alloc.device_mut();
         if fill {
-            for at in ends {
-                if device.write_bytes(at, &vec![byte; n as usize]).is_err() {
-                    self.counts.skipped += 1;
-                }
+            let written = ends
+                .iter()
+                .all(|&at| device.write_bytes(at, &vec![byte; n as usize]).is_ok());
+            if written {
+                self.filled.insert(id, byte);
+            } else {
+                self.filled.remove(&id);
+                self.counts.skipped += 1;
             }
             return Outcome::Done;
         }
@@ -1062,6 +1144,8 @@ impl Executor {
         for id in std::mem::take(&mut self.saver_pools) {
             self.alloc.release_pool(id).map_err(refused)?;
         }
+        self.saver_backups.clear();
+        self.filled.clear();
         self.counts.empty_caches += 1;
         self.alloc.empty_cache().map_err(ExecError::Device)
     }
@@ -1099,6 +1183,11 @@ impl Executor {
                 Err(_) => {}
             },
             Outcome::Drain(result) => result?,
+            Outcome::EmptyPool(result) => match result {
+                Ok(()) => {}
+                Err(e) if injected(&e) => self.counts.device_errors += 1,
+                Err(e) => return Err(ExecError::Device(e)),
+            },
             Outcome::Saver { pause, result, .. } => match result {
                 Ok(0) => {}
                 Ok(_) if pause => self.counts.pauses += 1,
@@ -1154,6 +1243,26 @@ impl Executor {
             } => self.verify_malloc(id, size, stream, result, before)?,
             Outcome::Saver { pause, tag, result } => {
                 self.verify_saver(pause, tag.as_deref(), result, before)?
+            }
+            Outcome::Absorbed => {
+                self.take_fired();
+            }
+            Outcome::EmptyPool(result) => {
+                let fired = self.take_fired();
+                let flavour = self.alloc.facts().flavour;
+                match (result, surfacing(&fired, flavour, "release_pool")?) {
+                    (Ok(()), None) => {}
+                    (Err(got), Some(want)) if got == want => self.counts.device_errors += 1,
+                    (result, want) => {
+                        return Err(broken(
+                            Rule::UnexpectedResult,
+                            format!(
+                                "release_pool's empty_cache returned {result:?}, expected error \
+                                 {want:?}"
+                            ),
+                        ));
+                    }
+                }
             }
             Outcome::Expect { id, byte, found } => {
                 if found.iter().any(|&b| b != byte) {
@@ -1350,7 +1459,13 @@ impl Executor {
         let fired = self.take_fired();
         let what = format!("{}({tag:?})", if pause { "pause" } else { "resume" });
         let flavour = self.alloc.facts().flavour;
-        let must_fail = surfacing(&fired, flavour, &what)?;
+        // A resume unmaps only to undo itself after a failure, and a refused unmap is absorbed.
+        let counted: Vec<Scheduled> = fired
+            .iter()
+            .filter(|f| pause || f.call != DeviceCall::Unmap)
+            .copied()
+            .collect();
+        let must_fail = surfacing(&counted, flavour, &what)?;
         let tags = self.alloc.saver_stats().tags;
         let state = |t: &str| tags.iter().find(|x| x.tag == t).map(|x| x.paused);
         let oom_fired = fired.iter().any(|f| {
@@ -1508,7 +1623,12 @@ impl Executor {
                 } else {
                     need > capacity
                 };
-                let limited = self.alloc.allowed_memory().is_some_and(|a| need > a);
+                // The limit counts torch's reserved bytes, paused ones included.
+                let counted = self.alloc.stats().reserved_bytes.all.current as u64;
+                let limited = self
+                    .alloc
+                    .allowed_memory()
+                    .is_some_and(|a| counted.saturating_add(oom.alloc_size) > a);
                 if last_error.is_some() && !limited {
                     return Err(broken(
                         Rule::UnexpectedResult,
@@ -1656,11 +1776,12 @@ impl Executor {
                 format!("{} events still pending", self.alloc.pending_events()),
             ));
         }
-        let whole_free = self
-            .alloc
-            .snapshot()
-            .into_iter()
-            .find(|s| s.blocks.len() == 1 && s.blocks[0].state == BlockState::Inactive);
+        let whole_free = self.alloc.snapshot().into_iter().find(|s| {
+            // A pool still held keeps its cache, as torch keeps a live MemPool's.
+            let emptied = s.pool_id.is_default()
+                || self.alloc.pool_use_count(s.pool_id).is_ok_and(|n| n == 0);
+            emptied && s.blocks.len() == 1 && s.blocks[0].state == BlockState::Inactive
+        });
         if let Some(seg) = whole_free {
             return Err(broken(
                 Rule::CacheNotEmptied,

@@ -53,6 +53,9 @@ pub struct StressParams {
     /// Whether virtual-memory faults and `set_allocator_settings` switches of
     /// `expandable_segments` are generated (for a configuration with expandable segments).
     pub expandable_ops: bool,
+    /// Whether private pools and memory-saver regions, pauses and resumes (with host-copy
+    /// faults, and `fill` / `expect` of contents) are generated.
+    pub pool_ops: bool,
     /// Test-only: break a check on purpose ([`Checks::sabotaged`]), to prove that a failure
     /// reproduces from its printed trace.
     pub sabotage: bool,
@@ -90,6 +93,7 @@ impl StressParams {
             fault_rate: DEFAULT_FAULT_RATE,
             fraction_ops,
             expandable_ops,
+            pool_ops: true,
             sabotage: false,
         }
     }
@@ -275,7 +279,7 @@ pub fn generate_and_run(params: &StressParams) -> Result<Report, Box<(Trace, Fai
             let kind = if i == params.ops {
                 OpKind::Drain
             } else {
-                generator.next(&mut trace)
+                generator.next(&mut trace, &exec)
             };
             exec.add_ids(&trace);
             trace.ops.push(Op { line: 0, kind });

@@ -27,6 +27,7 @@ fn every_variant_passes_a_short_run_and_exercises_every_path() {
         assert!(c.device_errors > 0, "{name}: no fault surfaced as an error");
         assert!(c.absorbed_faults > 0, "{name}: no fault absorbed");
         assert!(c.drains > 0);
+        assert!(c.pauses > 0 && c.resumes > 0, "{name}: no pause and resume");
         if params.expandable_ops {
             // Map calls and unmapped ranges do not pair up one to one; the drains prove that
             // nothing is left (every page, range and segment given back).

@@ -137,6 +137,7 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
     say!(
         "{name:<26} {} ops, {} allocs, {} OOMs, {} refused (>= 1 EiB), {} misuses, \
          {} faults ({} fired: {} device errors, {} absorbed), {} device mallocs, {} device frees, \
+         {} pauses, {} resumes ({} out of memory), {} allocations refused while paused, \
          {} drains, peak reserved {}, {:.2} s",
         c.ops,
         c.allocs,
@@ -149,6 +150,10 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
         c.absorbed_faults,
         r.device_mallocs,
         r.device_frees,
+        c.pauses,
+        c.resumes,
+        c.resume_ooms,
+        c.paused_refusals,
         c.drains,
         FormatSize(r.device_peak_bytes),
         elapsed.as_secs_f64()

@@ -14,7 +14,7 @@ use alloc_sim::{DeviceCall, Fault};
 use super::StressParams;
 use super::rng::SplitMix64;
 use crate::exec::Executor;
-use crate::op::{IdRef, Misuse, OpKind, Trace};
+use crate::op::{IdRef, Misuse, OpKind, PoolOp, Trace};
 use crate::parse;
 
 const KIB: u64 = 1 << 10;
@@ -73,7 +73,17 @@ pub(crate) struct Generator {
     pos: HashMap<IdRef, usize>,
     /// Recently freed allocations, newest first.
     freed: VecDeque<IdRef>,
+    /// Open scopes, innermost last: `true` for a memory-saver region, `false` for a pool.
+    scopes: Vec<bool>,
+    /// Pools created, by name, with whether the run still holds them.
+    pools: Vec<(String, bool)>,
 }
+
+/// The memory-saver tags drawn: weights kept through pauses by a CPU backup, a KV cache not.
+const TAGS: [(&str, bool); 2] = [("weights", true), ("kv", false)];
+
+/// The deepest nesting of scopes drawn.
+const MAX_DEPTH: usize = 3;
 
 impl Generator {
     /// A generator for `params`, seeded with `params.seed`.
@@ -85,6 +95,8 @@ impl Generator {
             live: Vec::new(),
             pos: HashMap::new(),
             freed: VecDeque::new(),
+            scopes: Vec::new(),
+            pools: Vec::new(),
         }
     }
 
@@ -102,9 +114,63 @@ impl Generator {
                 }
                 self.pos.clear();
                 self.freed.truncate(FREED);
+                self.scopes.clear();
+                for p in &mut self.pools {
+                    p.1 = false;
+                }
+            }
+            OpKind::Region { .. } => self.scopes.push(true),
+            OpKind::Pool(PoolOp::Use(_)) => self.scopes.push(false),
+            OpKind::EndRegion | OpKind::Pool(PoolOp::End) => {
+                self.scopes.pop();
+            }
+            OpKind::Pool(PoolOp::Create(ref name)) => self.pools.push((name.clone(), true)),
+            OpKind::Pool(PoolOp::Release(ref name)) => {
+                if let Some(p) = self.pools.iter_mut().find(|p| p.0 == *name) {
+                    p.1 = false;
+                }
             }
             _ => {}
         }
+    }
+
+    /// A private-pool or memory-saver operation, or `None` when none applies now.
+    fn scope_op(&mut self, exec: &Executor) -> Option<OpKind> {
+        let r = &mut self.rng;
+        let held: Vec<&str> = self
+            .pools
+            .iter()
+            .filter(|p| p.1)
+            .map(|p| p.0.as_str())
+            .collect();
+        let shallow = self.scopes.len() < MAX_DEPTH;
+        Some(match r.below(10) {
+            0 | 1 if shallow => {
+                let (tag, cpu_backup) = r.pick(&TAGS);
+                OpKind::Region {
+                    tag: tag.to_owned(),
+                    cpu_backup,
+                }
+            }
+            2 | 3 if self.scopes.last() == Some(&true) => OpKind::EndRegion,
+            2 | 3 if self.scopes.last() == Some(&false) => OpKind::Pool(PoolOp::End),
+            4 if held.len() < 4 => OpKind::Pool(PoolOp::Create(format!("p{}", self.pools.len()))),
+            5 if shallow && !held.is_empty() => OpKind::Pool(PoolOp::Use(r.pick(&held).to_owned())),
+            6 if !held.is_empty() => OpKind::Pool(PoolOp::Release(r.pick(&held).to_owned())),
+            7 => OpKind::Pause(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
+            8 => OpKind::Resume(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
+            _ if !self.live.is_empty() => {
+                let id = r.pick(&self.live);
+                match exec.filled(id) {
+                    Some(byte) if r.chance(0.5) => OpKind::Expect { id, byte },
+                    _ => OpKind::Fill {
+                        id,
+                        byte: r.below(256) as u8,
+                    },
+                }
+            }
+            _ => return None,
+        })
     }
 
     fn remove_live(&mut self, id: IdRef) {
@@ -156,7 +222,11 @@ impl Generator {
     fn fault(&mut self) -> OpKind {
         let r = &mut self.rng;
         let code = r.pick(&[1, 100_000, 107_002, 507_899]);
-        let kinds = if self.params.expandable_ops { 15 } else { 9 };
+        let kinds = if self.params.expandable_ops || self.params.pool_ops {
+            15
+        } else {
+            9
+        };
         let (call, fault) = match r.below(kinds) {
             8 => {
                 self.queued = Some(OpKind::Fault {
@@ -178,6 +248,14 @@ impl Generator {
             11 => (DeviceCall::Map, Fault::Error(code)),
             12 => (DeviceCall::Unmap, Fault::Error(code)),
             13 => (DeviceCall::ReleasePage, Fault::Error(code)),
+            14 if self.params.pool_ops && r.chance(0.5) => (
+                r.pick(&DeviceCall::HOST),
+                if r.chance(0.2) {
+                    Fault::OutOfMemory
+                } else {
+                    Fault::Error(code)
+                },
+            ),
             _ => (
                 r.pick(&[DeviceCall::ReserveAddress, DeviceCall::ReleaseAddress]),
                 Fault::Error(code),
@@ -213,7 +291,7 @@ impl Generator {
     }
 
     /// The next operation of the run; a new allocation gets a new id in `trace`, named `a<n>`.
-    pub(crate) fn next(&mut self, trace: &mut Trace) -> OpKind {
+    pub(crate) fn next(&mut self, trace: &mut Trace, exec: &Executor) -> OpKind {
         if let Some(op) = self.queued.take() {
             return op;
         }
@@ -236,6 +314,7 @@ impl Generator {
             10,                                             // misuse
             1,                                              // drain
             if self.params.expandable_ops { 4 } else { 0 }, // set_allocator_settings
+            if self.params.pool_ops { 40 } else { 0 },      // pools and the memory saver
         ];
         let mut x = self.rng.below(weights.iter().sum());
         let mut choice = 0;
@@ -269,6 +348,7 @@ impl Generator {
             7 => OpKind::ResetAccumulated,
             8 => self.misuse(),
             9 => OpKind::Drain,
+            11 => self.scope_op(exec).unwrap_or(OpKind::ResetPeak),
             _ => OpKind::Settings(
                 self.rng
                     .pick(&["expandable_segments:False", "expandable_segments:True"])
@@ -300,7 +380,8 @@ mod tests {
         g.live = vec![IdRef(0), IdRef(1)];
         g.pos = [(IdRef(0), 0), (IdRef(1), 1)].into();
         g.freed = [IdRef(2)].into();
-        (0..n).map(|_| g.next(&mut trace)).collect()
+        let exec = Executor::new(&trace, &params.setup());
+        (0..n).map(|_| g.next(&mut trace, &exec)).collect()
     }
 
     #[test]
