@@ -41,7 +41,7 @@ pub type Result<T, E = AclError> = core::result::Result<T, RuntimeError<E>>;
 /// One device: a caching allocator, or none (`PYTORCH_NO_NPU_MEMORY_CACHING=1`).
 // Built once per device and kept in its slot for the runtime's life: the size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
-enum Entry<D: Device> {
+pub(crate) enum Entry<D: Device> {
     Caching(DeviceAllocator<D>),
     Uncached(Uncached<D>),
 }
@@ -70,6 +70,35 @@ struct Slot<D: Device> {
     span: Span,
 }
 
+impl<D: Device> Runtime<D> {
+    /// Number of devices (fixed when the runtime was built).
+    pub fn device_count(&self) -> u32 {
+        self.devices.len() as u32
+    }
+
+    /// Device `device`'s slot, or why the index is wrong.
+    fn slot(&self, device: u32) -> Result<&Slot<D>, D::Error> {
+        self.devices
+            .get(device as usize)
+            .ok_or(RuntimeError::InvalidDevice {
+                device,
+                count: self.device_count(),
+            })
+    }
+
+    /// Device `device`'s allocator if it was opened.
+    pub(crate) fn opened(&self, device: u32) -> Result<Option<&Entry<D>>, D::Error> {
+        Ok(self.slot(device)?.entry.get().map(|(_, e)| e))
+    }
+
+    /// Every opened device.
+    pub(crate) fn opened_all(&self) -> impl Iterator<Item = &Entry<D>> {
+        self.devices
+            .iter()
+            .filter_map(|slot| slot.entry.get().map(|(_, e)| e))
+    }
+}
+
 /// The caching allocator of every device of one kind (`D`), with torch's API.
 pub struct Runtime<D: Device> {
     open: Box<Opener<D>>,
@@ -80,6 +109,8 @@ pub struct Runtime<D: Device> {
     settings: Mutex<(alloc_conf::AllocConf, Vec<String>)>,
     devices: Vec<Slot<D>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
+    /// Tells this runtime's scopes apart in the thread-local scope stack (`scope`).
+    pub(crate) id: u64,
 }
 
 impl<D> Runtime<D>
@@ -103,27 +134,13 @@ where
                 })
                 .collect(),
             observers: Mutex::new(Vec::new()),
+            id: crate::scope::next_runtime_id(),
         }
     }
 
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.config
-    }
-
-    /// Number of devices (fixed when the runtime was built).
-    pub fn device_count(&self) -> u32 {
-        self.devices.len() as u32
-    }
-
-    /// Device `device`'s slot, or why the index is wrong.
-    fn slot(&self, device: u32) -> Result<&Slot<D>, D::Error> {
-        self.devices
-            .get(device as usize)
-            .ok_or(RuntimeError::InvalidDevice {
-                device,
-                count: self.device_count(),
-            })
     }
 
     /// Device `device` and its allocator, opened on first use.
@@ -188,20 +205,8 @@ where
     }
 
     /// Device `device`'s allocator, opened on first use.
-    fn entry(&self, device: u32) -> Result<&Entry<D>, D::Error> {
+    pub(crate) fn entry(&self, device: u32) -> Result<&Entry<D>, D::Error> {
         Ok(&self.opened_or_open(device)?.1)
-    }
-
-    /// Device `device`'s allocator if it was opened.
-    fn opened(&self, device: u32) -> Result<Option<&Entry<D>>, D::Error> {
-        Ok(self.slot(device)?.entry.get().map(|(_, e)| e))
-    }
-
-    /// Every opened device.
-    fn opened_all(&self) -> impl Iterator<Item = &Entry<D>> {
-        self.devices
-            .iter()
-            .filter_map(|slot| slot.entry.get().map(|(_, e)| e))
     }
 
     /// Runs `f` on device `device` (opened on first use) under its lock: the embedder's own
@@ -216,7 +221,7 @@ where
     pub fn malloc(&self, size: u64, device: u32, stream: D::Stream) -> Result<u64, D::Error> {
         let entry = self.entry(device)?;
         let result = match entry {
-            Entry::Caching(a) => a.malloc(size, stream),
+            Entry::Caching(a) => a.malloc(size, stream, self.routed_pool(device)),
             Entry::Uncached(u) => u.malloc(size),
         };
         match result {

@@ -11,7 +11,7 @@
 
 use alloc_core::{
     AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, MallocStep,
-    MemInfo, SegmentInfo, VmmError,
+    MemInfo, PoolId, SegmentInfo, VmmError,
 };
 
 use crate::error::RuntimeError;
@@ -146,21 +146,37 @@ impl<D: Device> DeviceAllocator<D> {
         self.inner.lock()
     }
 
-    /// `malloc(size, stream)`; see the module doc for `release_lock_on_npumalloc`.
+    /// `malloc(size, stream)` from private pool `pool` (`None`: the default pools); see the
+    /// module doc for `release_lock_on_npumalloc`.
     #[inline]
     pub(crate) fn malloc(
         &self,
         size: u64,
         stream: D::Stream,
+        pool: Option<PoolId>,
     ) -> Result<u64, RuntimeError<D::Error>> {
         // `release_lock_on_npumalloc` is read under the lock: `set_allocator_settings` may
         // change it.
         let mut allocator = self.lock();
         if allocator.conf().release_lock_on_npumalloc {
             drop(allocator);
-            return self.malloc_releasing_lock(size, stream);
+            return self.malloc_releasing_lock(size, stream, pool.unwrap_or_default());
         }
-        Ok(allocator.malloc(size, stream)?)
+        Ok(match pool {
+            None => allocator.malloc(size, stream)?,
+            Some(pool) => allocator.malloc_in(size, stream, pool)?,
+        })
+    }
+
+    /// Runs `f` on the allocator under its lock, logging any notice it raised.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Allocator<Shared<D>>) -> R) -> R {
+        let mut allocator = self.lock();
+        let before = allocator.notices().len();
+        let r = f(&mut allocator);
+        for notice in &allocator.notices()[before..] {
+            warn_once(&notice.to_string());
+        }
+        r
     }
 
     /// `malloc` with `release_lock_on_npumalloc:True`: the lock is dropped around each device
@@ -169,9 +185,10 @@ impl<D: Device> DeviceAllocator<D> {
         &self,
         size: u64,
         stream: D::Stream,
+        pool: PoolId,
     ) -> Result<u64, RuntimeError<D::Error>> {
         let mut guard = self.lock();
-        let mut step = guard.begin_malloc(size, stream);
+        let mut step = guard.begin_malloc_in(size, stream, pool);
         loop {
             match step {
                 MallocStep::Done(result) => return Ok(result?),

@@ -4,7 +4,7 @@
 use core::fmt;
 
 use acl_sys::AclError;
-use alloc_core::{AllocError, FractionError, FreeError};
+use alloc_core::{AllocError, FractionError, FreeError, PoolError, SaverError};
 
 /// A failed runtime call. With the ACL device, `E` is [`AclError`] (which carries the code).
 #[derive(Debug, Clone, PartialEq)]
@@ -29,6 +29,25 @@ pub enum RuntimeError<E = AclError> {
     /// A device call outside malloc and free failed (opening the device, `empty_cache`, event
     /// polling, `mem_get_info`); the allocator is unchanged.
     Device(E),
+    /// A private-pool call was refused (unknown or released pool, a device without virtual
+    /// memory for the memory saver).
+    Pool(PoolError),
+    /// The memory saver's `pause` or `resume` failed or was refused.
+    Saver(SaverError<E>),
+    /// A scope (`use_mem_pool`, `region`) was ended that this thread has not open.
+    ScopeNotOpen,
+}
+
+impl<E> From<PoolError> for RuntimeError<E> {
+    fn from(e: PoolError) -> Self {
+        RuntimeError::Pool(e)
+    }
+}
+
+impl<E> From<SaverError<E>> for RuntimeError<E> {
+    fn from(e: SaverError<E>) -> Self {
+        RuntimeError::Saver(e)
+    }
 }
 
 impl<E> From<AllocError<E>> for RuntimeError<E> {
@@ -63,7 +82,8 @@ impl<E> RuntimeError<E> {
         match self {
             RuntimeError::Device(e)
             | RuntimeError::Alloc(AllocError::Device(e))
-            | RuntimeError::Free(FreeError::Device(e)) => Some(e),
+            | RuntimeError::Free(FreeError::Device(e))
+            | RuntimeError::Saver(SaverError::Device(e)) => Some(e),
             _ => None,
         }
     }
@@ -87,6 +107,11 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
                 "Invalid device argument {device}: did you call init? (device count is {count})"
             ),
             RuntimeError::Device(e) => write!(f, "NPU error: {e}"),
+            RuntimeError::Pool(e) => e.fmt(f),
+            RuntimeError::Saver(e) => e.fmt(f),
+            RuntimeError::ScopeNotOpen => {
+                f.write_str("no such memory pool or memory saver scope is open on this thread")
+            }
         }
     }
 }

@@ -26,6 +26,7 @@ mod device_allocator;
 mod error;
 mod no_caching;
 mod route;
+mod scope;
 mod summary;
 mod sync;
 mod warn_once;
@@ -33,9 +34,11 @@ mod warn_once;
 pub use acl_device::{AclDevice, AclPlatform, Stream};
 pub use acl_sys::{AclError, Lib};
 pub use alloc_core::{
-    AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, SegmentInfo,
+    AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, PoolError, PoolId,
+    SaverError, SaverStats, SegmentInfo, TagStats,
 };
 pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
 pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use error::RuntimeError;
+pub use scope::{MemPool, ScopeGuard};
 pub use summary::{ExpandableSummary, memory_summary};

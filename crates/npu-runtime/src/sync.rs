@@ -20,6 +20,11 @@ pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
 #[cfg(loom)]
+pub(crate) use loom::thread_local;
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
+
+#[cfg(loom)]
 use loom::sync as inner;
 #[cfg(not(loom))]
 use std::sync as inner;

@@ -415,3 +415,38 @@ fn set_allocator_settings_races_the_first_use_of_a_device() {
         assert_eq!(rt.memory_reserved(0).unwrap(), 0);
     });
 }
+
+#[test]
+fn pause_races_a_free_of_its_tag_and_a_malloc_in_another_pool() {
+    // Whatever the interleaving: the freed block returns to its (paused) pool without touching
+    // the device, the other pool's malloc is served, and resume brings everything back.
+    loom::model(|| {
+        let rt = Arc::new(sim::runtime(1, 64 * MIB, Config::default()));
+        let w = {
+            let _region = rt.region(0, "weights", true).unwrap();
+            rt.malloc(1000, 0, S0).unwrap()
+        };
+        let pool = rt.create_pool(0).unwrap();
+        let freer = {
+            let rt = rt.clone();
+            thread::spawn(move || rt.free(w).unwrap())
+        };
+        let other = {
+            let rt = rt.clone();
+            thread::spawn(move || {
+                rt.begin_use_pool(0, pool).unwrap();
+                let p = rt.malloc(1000, 0, S0).unwrap();
+                rt.free(p).unwrap();
+                rt.end_use_pool(0, pool).unwrap();
+            })
+        };
+        assert_eq!(rt.pause(Some("weights")).unwrap(), 2 * MIB);
+        freer.join().unwrap();
+        other.join().unwrap();
+        assert_eq!(rt.memory_allocated(0).unwrap(), 0);
+        assert_eq!(rt.resume(Some("weights")).unwrap(), 2 * MIB);
+        rt.release_pool(0, pool).unwrap();
+        let stats = rt.memory_saver_stats(0).unwrap();
+        assert_eq!(stats.paused_bytes.current, 0);
+    });
+}

@@ -144,3 +144,96 @@ fn memory_summary_says_what_expandable_segments_hold() {
     );
     rt.free(p).unwrap();
 }
+
+#[test]
+fn mem_pools_route_this_threads_allocations_and_release_on_drop() {
+    let rt = sim::runtime(2, 256 * MIB, Config::default());
+    let pool = rt.mem_pool(0).unwrap();
+    assert_eq!(pool.use_count().unwrap(), 1);
+    let (x, y) = {
+        let _scope = rt.use_mem_pool(&pool).unwrap();
+        assert_eq!(pool.use_count().unwrap(), 2);
+        // Routed on the pool's device only.
+        let x = rt.malloc(30 * MIB, 0, S0).unwrap();
+        let y = rt.malloc(30 * MIB, 1, S0).unwrap();
+        // Another thread is not routed.
+        let rt2 = &rt;
+        let z = std::thread::scope(|s| s.spawn(move || rt2.malloc(30 * MIB, 0, S0).unwrap()).join())
+            .unwrap();
+        let snapshot = rt.memory_snapshot(0).unwrap();
+        let pools: Vec<_> = snapshot.iter().map(|s| (s.address, s.pool_id)).collect();
+        assert!(pools.contains(&(x, pool.id())));
+        assert!(pools.contains(&(z, npu_runtime::PoolId::DEFAULT)));
+        rt.free(z).unwrap();
+        (x, y)
+    };
+    assert_eq!(pool.use_count().unwrap(), 1);
+    assert_eq!(rt.device_stats(1).unwrap().segment.all.current, 1);
+    rt.free(x).unwrap();
+    rt.free(y).unwrap();
+    rt.empty_cache().unwrap();
+    // Held: its free segment (30 MiB + the 32-byte pad, in 2 MiB) stays; dropped: it goes.
+    assert_eq!(rt.memory_reserved(0).unwrap(), 32 * MIB);
+    let id = pool.id();
+    drop(pool);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    assert_eq!(
+        rt.pool_use_count(0, id),
+        Err(RuntimeError::Pool(npu_runtime::PoolError::Unknown(id)))
+    );
+    assert_eq!(rt.end_use_pool(0, id), Err(RuntimeError::ScopeNotOpen));
+}
+
+#[test]
+fn the_memory_saver_pauses_and_resumes_every_device_at_the_same_addresses() {
+    let rt = sim::runtime(2, 256 * MIB, Config::default());
+    let mut weights = Vec::new();
+    for device in 0..2 {
+        let _region = rt.region(device, "weights", true).unwrap();
+        let w = rt.malloc(40 * MIB, device, S0).unwrap();
+        rt.with_device(device, |d| d.write_bytes(w, b"weights").unwrap())
+            .unwrap();
+        weights.push(w);
+    }
+    let kv = {
+        let _region = rt.region(0, "kv", false).unwrap();
+        rt.malloc(60 * MIB, 0, S0).unwrap()
+    };
+    let free = |d| rt.mem_get_info(d).unwrap().0;
+    let before = (free(0), free(1));
+    // 40 MiB and the 32-byte pad make 42 MiB segments.
+    assert_eq!(rt.pause(Some("weights")).unwrap(), 2 * 42 * MIB);
+    assert_eq!((free(0), free(1)), (before.0 + 42 * MIB, before.1 + 42 * MIB));
+    // A region of a paused tag refuses allocations.
+    {
+        let _region = rt.region(1, "weights", true).unwrap();
+        assert!(matches!(
+            rt.malloc(MIB, 1, S0),
+            Err(RuntimeError::Alloc(npu_runtime::AllocError::Paused { .. }))
+        ));
+    }
+    assert!(matches!(
+        rt.pause(Some("weights")),
+        Err(RuntimeError::Saver(npu_runtime::SaverError::AlreadyPaused(_)))
+    ));
+    assert!(matches!(
+        rt.resume(Some("kv")),
+        Err(RuntimeError::Saver(npu_runtime::SaverError::NotPaused(_)))
+    ));
+    assert!(matches!(
+        rt.pause(Some("nope")),
+        Err(RuntimeError::Saver(npu_runtime::SaverError::UnknownTag(_)))
+    ));
+    let stats = rt.memory_saver_stats(0).unwrap();
+    assert_eq!(stats.paused_bytes.current, (42 * MIB) as i64);
+    assert_eq!(rt.resume(None).unwrap(), 2 * 42 * MIB);
+    for (device, &w) in weights.iter().enumerate() {
+        let bytes = rt
+            .with_device(device as u32, |d| d.read_bytes(w, 7).unwrap())
+            .unwrap();
+        assert_eq!(bytes, b"weights");
+        rt.free(w).unwrap();
+    }
+    rt.free(kv).unwrap();
+    assert_eq!(rt.end_region(0), Err(RuntimeError::ScopeNotOpen));
+}

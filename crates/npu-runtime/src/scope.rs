@@ -1,0 +1,359 @@
+//! Private pools (torch's `MemPool`, `use_mem_pool`) and the memory saver (torch_memory_saver's
+//! `region`, `pause`, `resume`) at the runtime's edge.
+//!
+//! The policy lives in `alloc-core`; the runtime adds what a process needs around it: a
+//! thread-local stack of open scopes, so that allocations made by this thread inside a
+//! `use_mem_pool` or a `region` go to that pool (torch routes only the current thread's
+//! allocations, per device, innermost scope first), the per-device locking, and pause and resume
+//! across every device. Scopes come as guards that end them when dropped, and as explicit
+//! begin/end calls for callers without Rust lifetimes (the C ABI).
+
+use core::cell::RefCell;
+
+use alloc_core::{Device, PoolId, SaverError, SaverStats};
+
+use crate::api::{Entry, Runtime};
+use crate::device_allocator::DeviceAllocator;
+use crate::error::RuntimeError;
+use crate::sync::global::{AtomicU64, Ordering};
+use crate::sync::thread_local;
+use crate::warn_once::warn_once;
+
+/// One open scope of this thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Scope {
+    runtime: u64,
+    device: u32,
+    pool: PoolId,
+    region: bool,
+}
+
+thread_local! {
+    static SCOPES: RefCell<Vec<Scope>> = RefCell::new(Vec::new());
+}
+
+/// A new runtime's id, for telling its scopes apart.
+pub(crate) fn next_runtime_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A private pool of one device, held until dropped (torch's `MemPool`): dropping it releases
+/// it and gives its whole free segments back (its live blocks keep it until they are freed).
+#[must_use = "dropping a MemPool releases it at once"]
+pub struct MemPool<'a, D: Device> {
+    runtime: &'a Runtime<D>,
+    device: u32,
+    id: PoolId,
+}
+
+impl<D: Device> core::fmt::Debug for MemPool<'_, D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("MemPool")
+            .field("device", &self.device)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+/// An open `use_mem_pool` or `region` scope; dropping it ends it.
+#[must_use = "dropping the guard ends the scope at once"]
+pub struct ScopeGuard<'a, D: Device> {
+    runtime: &'a Runtime<D>,
+    scope: Scope,
+}
+
+impl<D: Device> core::fmt::Debug for ScopeGuard<'_, D> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("ScopeGuard")
+            .field("device", &self.scope.device)
+            .field("pool", &self.scope.pool)
+            .finish()
+    }
+}
+
+impl<D> Runtime<D>
+where
+    D: Device<Stream: Send + Sync, Event: Send, Error: Send> + Send + 'static,
+{
+    /// The pool this thread's allocations on `device` go to: the innermost open scope of this
+    /// runtime on that device.
+    #[inline]
+    pub(crate) fn routed_pool(&self, device: u32) -> Option<PoolId> {
+        SCOPES.with(|s| {
+            let s = s.borrow();
+            if s.is_empty() {
+                return None;
+            }
+            s.iter()
+                .rev()
+                .find(|x| x.runtime == self.id && x.device == device)
+                .map(|x| x.pool)
+        })
+    }
+
+    /// `device`'s caching allocator, or the pool error torch would give without one.
+    fn caching(&self, device: u32) -> Result<&DeviceAllocator<D>, RuntimeError<D::Error>> {
+        match self.entry(device)? {
+            Entry::Caching(a) => Ok(a),
+            // Without caching (PYTORCH_NO_NPU_MEMORY_CACHING) there are no pools.
+            Entry::Uncached(_) => Err(RuntimeError::Pool(alloc_core::PoolError::Default)),
+        }
+    }
+
+    /// torch's `torch.npu.MemPool()` on `device`: a private pool, held until the handle drops.
+    pub fn mem_pool(&self, device: u32) -> Result<MemPool<'_, D>, RuntimeError<D::Error>> {
+        let id = self.create_pool(device)?;
+        Ok(MemPool {
+            runtime: self,
+            device,
+            id,
+        })
+    }
+
+    /// A private pool on `device` with use count 1; give it back with
+    /// [`Runtime::release_pool`] (what dropping a [`MemPool`] does).
+    pub fn create_pool(&self, device: u32) -> Result<PoolId, RuntimeError<D::Error>> {
+        Ok(self.caching(device)?.with(|a| a.create_pool())?)
+    }
+
+    /// Drops one hold on private pool `pool` of `device` and gives back its whole free segments
+    /// if nothing holds it any more (torch's `releasePool` and `emptyCache(pool)`).
+    pub fn release_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
+        let a = self.caching(device)?;
+        a.with(|a| a.release_pool(pool))?;
+        a.with(|a| a.empty_pool_cache(pool))
+            .map_err(RuntimeError::Device)
+    }
+
+    /// torch's `use_mem_pool(pool)`: until the guard drops, this thread's allocations on the
+    /// pool's device come from it.
+    pub fn use_mem_pool<'a>(
+        &'a self,
+        pool: &MemPool<'a, D>,
+    ) -> Result<ScopeGuard<'a, D>, RuntimeError<D::Error>> {
+        self.begin_use_pool(pool.device, pool.id)?;
+        Ok(ScopeGuard {
+            runtime: self,
+            scope: Scope {
+                runtime: self.id,
+                device: pool.device,
+                pool: pool.id,
+                region: false,
+            },
+        })
+    }
+
+    /// Starts routing this thread's allocations on `device` to `pool` (torch's
+    /// `beginAllocateToPool` for the current thread), holding the pool until
+    /// [`Runtime::end_use_pool`].
+    pub fn begin_use_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
+        self.caching(device)?.with(|a| a.retain_pool(pool))?;
+        push(Scope {
+            runtime: self.id,
+            device,
+            pool,
+            region: false,
+        });
+        Ok(())
+    }
+
+    /// Stops routing this thread's allocations to `pool` (its innermost scope on `device`) and
+    /// drops that hold on it (torch's `endAllocateToPool` and `releasePool`).
+    pub fn end_use_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
+        let found =
+            remove(|s| s.runtime == self.id && s.device == device && s.pool == pool && !s.region);
+        if !found {
+            return Err(RuntimeError::ScopeNotOpen);
+        }
+        Ok(self.caching(device)?.with(|a| a.release_pool(pool))?)
+    }
+
+    /// torch_memory_saver's `region(tag, enable_cpu_backup)` on `device`: until the guard drops,
+    /// this thread's allocations there come from the tag's pool, whose memory `pause` can give
+    /// back and `resume` bring back at the same addresses (with its bytes, with `cpu_backup`).
+    pub fn region(
+        &self,
+        device: u32,
+        tag: &str,
+        cpu_backup: bool,
+    ) -> Result<ScopeGuard<'_, D>, RuntimeError<D::Error>> {
+        let pool = self.begin_region(device, tag, cpu_backup)?;
+        Ok(ScopeGuard {
+            runtime: self,
+            scope: Scope {
+                runtime: self.id,
+                device,
+                pool,
+                region: true,
+            },
+        })
+    }
+
+    /// Enters a memory-saver region of `tag` on `device` on this thread (the thread-local
+    /// current tag of the C ABI) until [`Runtime::end_region`]; returns the tag's pool.
+    pub fn begin_region(
+        &self,
+        device: u32,
+        tag: &str,
+        cpu_backup: bool,
+    ) -> Result<PoolId, RuntimeError<D::Error>> {
+        let pool = self.caching(device)?.with(|a| {
+            let pool = a.saver_pool(tag, cpu_backup)?;
+            a.retain_pool(pool)?;
+            Ok::<_, alloc_core::PoolError>(pool)
+        })?;
+        push(Scope {
+            runtime: self.id,
+            device,
+            pool,
+            region: true,
+        });
+        Ok(pool)
+    }
+
+    /// Leaves this thread's innermost memory-saver region on `device`.
+    pub fn end_region(&self, device: u32) -> Result<(), RuntimeError<D::Error>> {
+        let scope = SCOPES.with(|s| {
+            let mut s = s.borrow_mut();
+            let i = s
+                .iter()
+                .rposition(|x| x.runtime == self.id && x.device == device && x.region)?;
+            Some(s.remove(i))
+        });
+        let scope = scope.ok_or(RuntimeError::ScopeNotOpen)?;
+        Ok(self.caching(device)?.with(|a| a.release_pool(scope.pool))?)
+    }
+
+    /// torch_memory_saver's `pause(tag)` (every tag for `None`) on every device used so far:
+    /// returns the bytes whose physical memory went back. A tag no device knows is
+    /// [`SaverError::UnknownTag`].
+    pub fn pause(&self, tag: Option<&str>) -> Result<u64, RuntimeError<D::Error>> {
+        self.each_device_saver(tag, |a| a.with(|a| a.pause(tag)))
+    }
+
+    /// torch_memory_saver's `resume(tag)` (every paused tag for `None`) on every device used so
+    /// far: returns the bytes mapped again.
+    pub fn resume(&self, tag: Option<&str>) -> Result<u64, RuntimeError<D::Error>> {
+        self.each_device_saver(tag, |a| a.with(|a| a.resume(tag)))
+    }
+
+    /// Runs a pause or resume on each opened device and adds up the bytes. A device that does
+    /// not know the tag is passed over; a refusal is returned only if no device did anything.
+    fn each_device_saver(
+        &self,
+        tag: Option<&str>,
+        f: impl Fn(&DeviceAllocator<D>) -> Result<u64, SaverError<D::Error>>,
+    ) -> Result<u64, RuntimeError<D::Error>> {
+        let mut bytes = 0;
+        let mut did = false;
+        let mut refusal = None;
+        for entry in self.opened_all() {
+            let Entry::Caching(a) = entry else { continue };
+            match f(a) {
+                Ok(n) => {
+                    bytes += n;
+                    did = true;
+                }
+                Err(SaverError::UnknownTag(_)) => {}
+                Err(e @ (SaverError::AlreadyPaused(_) | SaverError::NotPaused(_))) => {
+                    refusal.get_or_insert(e);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        match (did, refusal, tag) {
+            (true, _, _) | (false, None, None) => Ok(bytes),
+            (false, Some(e), _) => Err(e.into()),
+            (false, None, Some(tag)) => Err(SaverError::UnknownTag(tag.to_owned()).into()),
+        }
+    }
+
+    /// The memory saver's figures on `device` (paused and held bytes, per tag and in total).
+    pub fn memory_saver_stats(&self, device: u32) -> Result<SaverStats, RuntimeError<D::Error>> {
+        Ok(match self.opened(device)? {
+            Some(Entry::Caching(a)) => a.with(|a| a.saver_stats()),
+            _ => SaverStats::default(),
+        })
+    }
+
+    /// torch's `MemPool.use_count()`.
+    pub fn pool_use_count(&self, device: u32, pool: PoolId) -> Result<u32, RuntimeError<D::Error>> {
+        Ok(self.caching(device)?.with(|a| a.pool_use_count(pool))?)
+    }
+}
+
+impl<D: Device> MemPool<'_, D> {
+    /// The pool's id (torch's `MemPool.id`).
+    pub fn id(&self) -> PoolId {
+        self.id
+    }
+
+    /// The device the pool lives on.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+}
+
+impl<D> MemPool<'_, D>
+where
+    D: Device<Stream: Send + Sync, Event: Send, Error: Send> + Send + 'static,
+{
+    /// torch's `MemPool.use_count()`: the pool object and each open scope.
+    pub fn use_count(&self) -> Result<u32, RuntimeError<D::Error>> {
+        self.runtime.pool_use_count(self.device, self.id)
+    }
+}
+
+/// Opens a scope on this thread.
+fn push(scope: Scope) {
+    SCOPES.with(|s| s.borrow_mut().push(scope));
+}
+
+/// Removes this thread's innermost scope matching `is`; whether there was one.
+fn remove(is: impl Fn(&Scope) -> bool) -> bool {
+    SCOPES.with(|s| {
+        let mut s = s.borrow_mut();
+        match s.iter().rposition(is) {
+            Some(i) => {
+                s.remove(i);
+                true
+            }
+            None => false,
+        }
+    })
+}
+
+/// Logs an error a destructor cannot return.
+fn log_drop_error(what: &str, e: &dyn core::fmt::Display) {
+    warn_once(&format!("{what}: {e}"));
+}
+
+impl<D: Device> Drop for MemPool<'_, D> {
+    fn drop(&mut self) {
+        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(self.device) {
+            if let Err(e) = a.with(|a| a.release_pool(self.id)) {
+                log_drop_error("MemPool drop", &e);
+                return;
+            }
+            if let Err(e) = a.with(|a| a.empty_pool_cache(self.id)) {
+                log_drop_error("MemPool drop", &e);
+            }
+        }
+    }
+}
+
+impl<D: Device> Drop for ScopeGuard<'_, D> {
+    fn drop(&mut self) {
+        let scope = self.scope;
+        let found = remove(|s| *s == scope);
+        if !found {
+            return;
+        }
+        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(scope.device) {
+            if let Err(e) = a.with(|a| a.release_pool(scope.pool)) {
+                log_drop_error("end of scope", &e);
+            }
+        }
+    }
+}
