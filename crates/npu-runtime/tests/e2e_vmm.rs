@@ -757,3 +757,75 @@ fn a_driver_answering_207000_to_the_probe_falls_back_too() {
     assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
     assert_eq!(fake.reserved_ranges(0), 0);
 }
+
+#[test]
+fn the_memory_saver_over_acl_backs_up_unmaps_and_restores_at_the_same_address() {
+    let fake = FakeAcl::new(Variant::Full, GIB, 1);
+    // SAFETY: the fake libascendcl built from this workspace.
+    let platform =
+        unsafe { AclPlatform::load(fake.path()) }.expect("load the fake through acl-sys");
+    let rt = platform.runtime(npu_runtime::Config::default());
+    let s = npu_runtime::Stream::DEFAULT;
+    // Open the device first, so the log below holds only the memory saver's calls.
+    let first = rt.malloc(1000, 0, s).unwrap();
+    fake.clear_log();
+    let w = {
+        let _region = rt.region(0, "weights", true).unwrap();
+        rt.malloc(8 * MIB, 0, s).unwrap()
+    };
+    // The tag's pool probes once; its segment is its own range with one page mapped.
+    assert_eq!(
+        fake.call_details(),
+        [
+            "aclrtReserveMemAddress(size=512, alignment=0, expectPtr=0x0, flags=1)".to_string(),
+            format!("aclrtReleaseMemAddress(virPtr={VA0:#x})"),
+            "aclrtReserveMemAddress(size=20971520, alignment=0, expectPtr=0x0, flags=1)".into(),
+            malloc_physical(20 * MIB, 4, 0),
+            map_mem(0, 0x9000_0010),
+        ]
+    );
+    assert_eq!(w, VA0);
+    fake.write_device(w, b"weights").unwrap();
+    let used = fake.used(0);
+    fake.clear_log();
+    assert_eq!(rt.pause(Some("weights")).unwrap(), 20 * MIB);
+    let pause = fake.call_details();
+    // The host buffer's address is the fake's; read it from the copy.
+    let host = pause[2]
+        .split("dst=")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        pause,
+        [
+            "aclrtSynchronizeDevice".to_string(),
+            "aclrtMallocHost(size=20971520)".into(),
+            format!(
+                "aclrtMemcpy(dst={host}, destMax=20971520, src={VA0:#x}, count=20971520, kind=2)"
+            ),
+            format!("aclrtUnmapMem(virPtr={VA0:#x})"),
+            "aclrtFreePhysical(handle=0x90000010)".into(),
+        ]
+    );
+    assert_eq!(fake.used(0), used - 20 * MIB);
+    assert_eq!((fake.live_pages(0), fake.reserved_ranges(0)), (0, 1));
+    fake.clear_log();
+    assert_eq!(rt.resume(None).unwrap(), 20 * MIB);
+    assert_eq!(
+        fake.call_details(),
+        [
+            malloc_physical(20 * MIB, 4, 0),
+            map_mem(0, 0x9000_0020),
+            format!(
+                "aclrtMemcpy(dst={VA0:#x}, destMax=20971520, src={host}, count=20971520, kind=1)"
+            ),
+            format!("aclrtFreeHost(hostPtr={host})"),
+        ]
+    );
+    assert_eq!(fake.read_device(w, 7).unwrap(), b"weights");
+    assert_eq!(fake.live_host_buffers(), 0);
+    rt.free(w).unwrap();
+    rt.free(first).unwrap();
+}
