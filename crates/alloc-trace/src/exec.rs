@@ -159,6 +159,10 @@ enum Slot {
         addr: u64,
         requested: u64,
         line: usize,
+        /// The byte a `fill` wrote into it, if any.
+        filled: Option<u8>,
+        /// Made in a memory-saver region without CPU backup: a pause loses its bytes.
+        volatile: bool,
     },
     /// Its allocation failed; a later `free` / `record` is skipped until it is allocated again.
     Failed,
@@ -564,8 +568,9 @@ enum Outcome {
     Fraction(f64),
     ResetPeak,
     ResetAccumulated,
-    /// The configuration `set_allocator_settings` asked for.
-    Settings(AllocConf),
+    /// The configuration `set_allocator_settings` asked for (boxed: the outcome of every
+    /// operation is moved, so it stays small).
+    Settings(Box<AllocConf>),
     Fault {
         scheduled: Option<Scheduled>,
     },
@@ -626,11 +631,6 @@ pub struct Executor {
     /// Paused memory-saver segments released (torch counts each in `num_device_free`, though
     /// nothing is unmapped).
     paused_releases: u64,
-    /// The byte a `fill` wrote into each live allocation whose contents survive a pause (not
-    /// one of a memory-saver region without CPU backup).
-    filled: std::collections::HashMap<IdRef, u8>,
-    /// Whether each id's current allocation was made in a region without CPU backup.
-    volatile: std::collections::HashSet<IdRef>,
 }
 
 impl Executor {
@@ -652,8 +652,6 @@ impl Executor {
             saver_backups: Vec::new(),
             saver_runs: (0, 0),
             paused_releases: 0,
-            filled: std::collections::HashMap::new(),
-            volatile: std::collections::HashSet::new(),
         }
     }
 
@@ -741,7 +739,7 @@ impl Executor {
     }
 
     /// Runs the operation and keeps the ids' bookkeeping.
-    #[inline]
+    #[inline(always)]
     fn execute(&mut self, op: &Op) -> Result<Outcome, ExecError> {
         Ok(match op.kind {
             OpKind::Alloc { id, size, stream } => {
@@ -756,12 +754,6 @@ impl Executor {
                     Some(&(_, pool)) => self.alloc.malloc_in(size, SimStream(stream), pool),
                     None => self.alloc.malloc(size, SimStream(stream)),
                 };
-                self.filled.remove(&id);
-                if self.in_volatile_region() {
-                    self.volatile.insert(id);
-                } else {
-                    self.volatile.remove(&id);
-                }
                 self.slots[id.index()] = match result {
                     Ok(addr) => {
                         let requested = self.alloc.stats().requested_bytes.all.current as u64;
@@ -770,6 +762,8 @@ impl Executor {
                             addr,
                             requested: size,
                             line: op.line,
+                            filled: None,
+                            volatile: !self.scopes.is_empty() && self.in_volatile_region(),
                         }
                     }
                     Err(_) => Slot::Failed,
@@ -845,7 +839,7 @@ impl Executor {
                 self.settings_warnings
                     .extend(parsed.warnings.iter().map(|w| (op.line, w.clone())));
                 self.alloc.set_conf(&parsed.conf);
-                Outcome::Settings(parsed.conf)
+                Outcome::Settings(Box::new(parsed.conf))
             }
             OpKind::Stats { ref label } => {
                 self.records.push(StatsRecord {
@@ -875,46 +869,13 @@ impl Executor {
             OpKind::Region {
                 ref tag,
                 cpu_backup,
-            } => {
-                let pool = self
-                    .alloc
-                    .saver_pool(tag, cpu_backup)
-                    .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))?;
-                self.alloc
-                    .retain_pool(pool)
-                    .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))?;
-                if !self.saver_pools.contains(&pool) {
-                    self.saver_pools.push(pool);
-                }
-                if cpu_backup && !self.saver_backups.contains(&pool) {
-                    self.saver_backups.push(pool);
-                }
-                self.scopes.push((true, pool));
-                // A new tag's pool probes the device; a failed probe is ignored.
-                Outcome::Absorbed
-            }
+            } => self.region(tag, cpu_backup)?,
             OpKind::EndRegion => {
                 self.end_scope(true)?;
                 Outcome::Done
             }
-            OpKind::Pause(ref tag) | OpKind::Resume(ref tag) => {
-                let pause = matches!(op.kind, OpKind::Pause(_));
-                let runs = |d: &SimDevice| (d.map_runs(), d.unmap_runs());
-                let (maps, unmaps) = runs(self.alloc.device());
-                let result = if pause {
-                    self.alloc.pause(tag.as_deref())
-                } else {
-                    self.alloc.resume(tag.as_deref())
-                };
-                let (maps_after, unmaps_after) = runs(self.alloc.device());
-                self.saver_runs.0 += maps_after - maps;
-                self.saver_runs.1 += unmaps_after - unmaps;
-                Outcome::Saver {
-                    pause,
-                    tag: tag.clone(),
-                    result,
-                }
-            }
+            OpKind::Pause(ref tag) => self.pause_or_resume(tag.as_deref(), true),
+            OpKind::Resume(ref tag) => self.pause_or_resume(tag.as_deref(), false),
             OpKind::Fill { id, byte } => self.fill_or_expect(id, byte, true),
             OpKind::Expect { id, byte } => self.fill_or_expect(id, byte, false),
         })
@@ -930,10 +891,14 @@ impl Executor {
     /// The byte `expect` should find in live allocation `id`: what a `fill` wrote, for memory
     /// whose contents survive pauses.
     pub fn filled(&self, id: IdRef) -> Option<u8> {
-        if self.volatile.contains(&id) || !self.is_live(id) {
-            return None;
+        match self.slots[id.index()] {
+            Slot::Live {
+                filled,
+                volatile: false,
+                ..
+            } => filled,
+            _ => None,
         }
-        self.filled.get(&id).copied()
     }
 
     /// Whether the memory saver has paused `tag` now.
@@ -957,7 +922,49 @@ impl Executor {
         d.frees() + d.unmap_runs() - self.saver_runs.1 + self.paused_releases
     }
 
+    /// Enters a memory-saver region.
+    #[cold]
+    fn region(&mut self, tag: &str, cpu_backup: bool) -> Result<Outcome, ExecError> {
+        let pool = self
+            .alloc
+            .saver_pool(tag, cpu_backup)
+            .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))?;
+        self.alloc
+            .retain_pool(pool)
+            .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))?;
+        if !self.saver_pools.contains(&pool) {
+            self.saver_pools.push(pool);
+        }
+        if cpu_backup && !self.saver_backups.contains(&pool) {
+            self.saver_backups.push(pool);
+        }
+        self.scopes.push((true, pool));
+        // A new tag's pool probes the device; a failed probe is ignored.
+        Ok(Outcome::Absorbed)
+    }
+
+    /// Runs a `pause` or `resume`, leaving its map and unmap runs out of torch's counters.
+    #[cold]
+    fn pause_or_resume(&mut self, tag: Option<&str>, pause: bool) -> Outcome {
+        let runs = |d: &SimDevice| (d.map_runs(), d.unmap_runs());
+        let (maps, unmaps) = runs(self.alloc.device());
+        let result = if pause {
+            self.alloc.pause(tag)
+        } else {
+            self.alloc.resume(tag)
+        };
+        let (maps_after, unmaps_after) = runs(self.alloc.device());
+        self.saver_runs.0 += maps_after - maps;
+        self.saver_runs.1 += unmaps_after - unmaps;
+        Outcome::Saver {
+            pause,
+            tag: tag.map(str::to_owned),
+            result,
+        }
+    }
+
     /// Runs a pool line; a `release_pool` returns what emptying the pool's cache gave.
+    #[cold]
     fn pool_op(&mut self, op: &PoolOp) -> Result<Option<Result<(), DeviceErr>>, ExecError> {
         let refused = |e| ExecError::Scope(ScopeError::Refused(e));
         let held = |this: &Self, name: &str| {
@@ -1008,6 +1015,7 @@ impl Executor {
 
     /// Writes (`fill`) or reads back (`expect`) the 8 bytes at each end of a live allocation.
     /// Memory that is not backed now (a paused tag's) is skipped.
+    #[cold]
     fn fill_or_expect(&mut self, id: IdRef, byte: u8, fill: bool) -> Outcome {
         let Slot::Live {
             addr, requested, ..
@@ -1026,10 +1034,10 @@ impl Executor {
             let written = ends
                 .iter()
                 .all(|&at| device.write_bytes(at, &vec![byte; n as usize]).is_ok());
-            if written {
-                self.filled.insert(id, byte);
-            } else {
-                self.filled.remove(&id);
+            if let Slot::Live { filled, .. } = &mut self.slots[id.index()] {
+                *filled = written.then_some(byte);
+            }
+            if !written {
                 self.counts.skipped += 1;
             }
             return Outcome::Done;
@@ -1145,7 +1153,7 @@ impl Executor {
             self.alloc.release_pool(id).map_err(refused)?;
         }
         self.saver_backups.clear();
-        self.filled.clear();
+
         self.counts.empty_caches += 1;
         self.alloc.empty_cache().map_err(ExecError::Device)
     }

@@ -158,8 +158,9 @@ fn mem_pools_route_this_threads_allocations_and_release_on_drop() {
         let y = rt.malloc(30 * MIB, 1, S0).unwrap();
         // Another thread is not routed.
         let rt2 = &rt;
-        let z = std::thread::scope(|s| s.spawn(move || rt2.malloc(30 * MIB, 0, S0).unwrap()).join())
-            .unwrap();
+        let z =
+            std::thread::scope(|s| s.spawn(move || rt2.malloc(30 * MIB, 0, S0).unwrap()).join())
+                .unwrap();
         let snapshot = rt.memory_snapshot(0).unwrap();
         let pools: Vec<_> = snapshot.iter().map(|s| (s.address, s.pool_id)).collect();
         assert!(pools.contains(&(x, pool.id())));
@@ -203,7 +204,10 @@ fn the_memory_saver_pauses_and_resumes_every_device_at_the_same_addresses() {
     let before = (free(0), free(1));
     // 40 MiB and the 32-byte pad make 42 MiB segments.
     assert_eq!(rt.pause(Some("weights")).unwrap(), 2 * 42 * MIB);
-    assert_eq!((free(0), free(1)), (before.0 + 42 * MIB, before.1 + 42 * MIB));
+    assert_eq!(
+        (free(0), free(1)),
+        (before.0 + 42 * MIB, before.1 + 42 * MIB)
+    );
     // A region of a paused tag refuses allocations.
     {
         let _region = rt.region(1, "weights", true).unwrap();
@@ -214,7 +218,9 @@ fn the_memory_saver_pauses_and_resumes_every_device_at_the_same_addresses() {
     }
     assert!(matches!(
         rt.pause(Some("weights")),
-        Err(RuntimeError::Saver(npu_runtime::SaverError::AlreadyPaused(_)))
+        Err(RuntimeError::Saver(npu_runtime::SaverError::AlreadyPaused(
+            _
+        )))
     ));
     assert!(matches!(
         rt.resume(Some("kv")),
