@@ -20,6 +20,10 @@ pub(crate) struct Args {
     /// Only the fragmentation report (replays of the shipped traces; no timing).
     #[arg(long)]
     fragmentation: bool,
+    /// Only the instructions of one cache-hit malloc + free pair, counted by valgrind's
+    /// callgrind (steady where wall time on a shared machine is not).
+    #[arg(long)]
+    instructions: bool,
 }
 
 /// Cached-block counts of the hit benches (`alloc-core/benches/pairs.rs`; the runtime's
@@ -334,6 +338,20 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
 
 /// Runs `cargo xtask bench`.
 pub(crate) fn run(args: Args) -> ExitCode {
+    if args.instructions {
+        return match instructions_per_pair() {
+            Ok(per_pair) => {
+                println!(
+                    "core hit pair (256 cached blocks): {per_pair:.1} instructions (callgrind)"
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("cargo xtask bench --instructions: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if args.fragmentation {
         fragmentation(args.json);
         return ExitCode::SUCCESS;
@@ -352,4 +370,39 @@ pub(crate) fn run(args: Args) -> ExitCode {
     }
     fragmentation(args.json);
     ExitCode::SUCCESS
+}
+
+/// Instructions of one hit pair: two callgrind runs of `alloc-core`'s `hit_pairs` example with
+/// different pair counts, the difference divided by the difference of counts.
+fn instructions_per_pair() -> Result<f64, String> {
+    let built = crate::cargo::cargo()
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "alloc-core",
+            "--example",
+            "hit_pairs",
+        ])
+        .status()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !built.success() {
+        return Err("building the hit_pairs example failed".into());
+    }
+    let exe = crate::cargo::workspace_root().join("target/release/examples/hit_pairs");
+    let count = |pairs: u64| -> Result<u64, String> {
+        let out = std::process::Command::new("valgrind")
+            .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
+            .arg(&exe)
+            .arg(pairs.to_string())
+            .output()
+            .map_err(|e| format!("running valgrind (is it installed?): {e}"))?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        text.lines()
+            .find_map(|l| l.split("Collected :").nth(1))
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| format!("no instruction count in valgrind's output:\n{text}"))
+    };
+    let (small, large) = (count(100_000)?, count(200_000)?);
+    Ok((large - small) as f64 / 100_000.0)
 }

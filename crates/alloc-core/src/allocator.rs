@@ -14,6 +14,7 @@ use crate::block::{BlockId, Blocks};
 use crate::device::Device;
 use crate::error::FractionError;
 use crate::expandable::{ExpandableSegment, Parked};
+use crate::history::History;
 use crate::memory_saver::Saver;
 use crate::private_pool::{PoolSet, Pools};
 use crate::size::PoolKind;
@@ -170,6 +171,8 @@ pub struct Allocator<D: Device> {
     pub(crate) parked: Parked<D::Page>,
     /// The memory saver's segments and figures.
     pub(crate) saver: Saver<D::Page, D::HostBuffer>,
+    /// The trace-entry ring while history is recorded.
+    pub(crate) history: Option<alloc::boxed::Box<History<D::Stream>>>,
     notices: Notices,
 }
 
@@ -204,6 +207,7 @@ impl<D: Device> Allocator<D> {
             live_expandable: 0,
             parked: Parked::default(),
             saver: Saver::default(),
+            history: None,
             notices: Notices::new(),
         };
         if allocator.conf.garbage_collection_threshold.is_some() && total_memory.is_none() {

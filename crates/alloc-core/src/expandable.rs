@@ -24,6 +24,7 @@ use alloc::vec::Vec;
 use crate::allocator::{Allocator, Notice, Request};
 use crate::block::{Block, BlockId, VmId};
 use crate::device::{Device, VmmError};
+use crate::history::Action;
 use crate::private_pool::PoolSet;
 use crate::size::{PoolKind, SMALL_BUFFER};
 
@@ -327,6 +328,9 @@ impl<D: Device> Allocator<D> {
         self.stats.reserved_bytes.increase(pool, mapped);
         self.stats.num_device_alloc += 1;
         self.note_held();
+        if self.history.is_some() {
+            self.record(Action::SegmentMap, addr, mapped, Some(stream));
+        }
         match error {
             None => Ok(id),
             Some(e) => Err(e),
@@ -459,6 +463,9 @@ impl<D: Device> Allocator<D> {
         self.total_allocated -= unmapped;
         self.stats.reserved_bytes.decrease(pool, unmapped);
         self.stats.num_device_free += 1;
+        if self.history.is_some() {
+            self.record(Action::SegmentUnmap, start, unmapped, Some(stream));
+        }
         match error {
             None => Ok(Some(uid)),
             Some(e) => Err(e),

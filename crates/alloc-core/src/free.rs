@@ -12,6 +12,7 @@ use crate::allocator::Allocator;
 use crate::block::BlockId;
 use crate::device::Device;
 use crate::error::FreeError;
+use crate::history::Action;
 
 impl<D: Device> Allocator<D> {
     /// Frees the allocation at `addr` (0 is a no-op). A block used on other streams returns to its
@@ -22,6 +23,11 @@ impl<D: Device> Allocator<D> {
         }
         let id = self.live_block(addr)?;
         let recorded = self.record_free_events(id).map_err(FreeError::Device)?;
+        if self.history.is_some() {
+            let b = &self.blocks[id];
+            let (requested, stream) = (b.requested, b.stream);
+            self.record(Action::FreeRequested, addr, requested, Some(stream));
+        }
         let block = &mut self.blocks[id];
         block.allocated = false;
         let (pool, size) = (block.pool, block.size);

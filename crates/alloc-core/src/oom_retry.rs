@@ -13,6 +13,7 @@ use crate::allocator::{Allocator, Flavour, MAX_RESERVE, Request};
 use crate::block::{Block, BlockId};
 use crate::device::{Device, DeviceError, VmmError};
 use crate::error::{AllocError, OutOfMemory};
+use crate::history::Action;
 
 /// Which `alloc_block` of the retry chain a segment request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,6 +182,9 @@ impl<D: Device> Allocator<D> {
         }
         self.stats.num_device_alloc += 1;
         self.note_held();
+        if self.history.is_some() {
+            self.record(Action::SegmentAlloc, addr, size, Some(req.stream));
+        }
         id
     }
 
@@ -188,6 +192,10 @@ impl<D: Device> Allocator<D> {
     pub(crate) fn out_of_memory(&mut self, req: &Request<D::Stream>) -> OutOfMemory {
         let info = self.device.mem_info().ok();
         self.stats.num_ooms += 1;
+        if self.history.is_some() {
+            let free = info.map_or(0, |m| m.free);
+            self.record(Action::Oom, free, req.size, Some(req.stream));
+        }
         OutOfMemory {
             device: self.facts.index,
             requested: req.requested,

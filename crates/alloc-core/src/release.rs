@@ -10,6 +10,7 @@ use alloc::vec::Vec;
 use crate::allocator::{Allocator, Request};
 use crate::block::BlockId;
 use crate::device::{Device, VmmError};
+use crate::history::Action;
 use crate::private_pool::PoolId;
 use crate::size::PoolKind;
 
@@ -19,7 +20,8 @@ impl<D: Device> Allocator<D> {
     pub(crate) fn release_block(&mut self, id: BlockId) -> Result<(), D::Error> {
         let block = &self.blocks[id];
         debug_assert!(!block.is_split() && block.is_idle());
-        let (addr, size, pool, set) = (block.addr, block.size, block.pool, block.set);
+        let (addr, size, pool, set, stream) =
+            (block.addr, block.size, block.pool, block.set, block.stream);
         if self.is_saver_segment(addr) {
             if !self.release_saver_segment(addr, size)? {
                 return Ok(());
@@ -34,6 +36,9 @@ impl<D: Device> Allocator<D> {
         self.blocks.remove(id);
         self.total_allocated -= size;
         self.stats.num_device_free += 1;
+        if self.history.is_some() {
+            self.record(Action::SegmentFree, addr, size, Some(stream));
+        }
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size);
         if self.is_oversize(size) {

@@ -6,6 +6,7 @@
 use crate::allocator::{Allocator, Request};
 use crate::block::{Block, BlockId};
 use crate::device::Device;
+use crate::history::Action;
 use crate::private_pool::PoolSet;
 use crate::size::{MIN_BLOCK_SIZE, PoolKind, ROUND_LARGE, SMALL_SIZE};
 
@@ -103,6 +104,10 @@ impl<D: Device> Allocator<D> {
         if self.is_oversize(size) {
             self.stats.oversize_allocations.increase(1);
         }
+        if self.history.is_some() {
+            let stream = self.blocks[id].stream;
+            self.record(Action::Alloc, addr, req.requested, Some(stream));
+        }
         addr
     }
 
@@ -158,6 +163,11 @@ impl<D: Device> Allocator<D> {
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
     #[inline]
     pub(crate) fn free_block(&mut self, id: BlockId) {
+        if self.history.is_some() {
+            let b = &self.blocks[id];
+            let (addr, requested, stream) = (b.addr, b.requested, b.stream);
+            self.record(Action::FreeCompleted, addr, requested, Some(stream));
+        }
         let block = &self.blocks[id];
         let (pool, set, original_size, requested) =
             (block.pool, block.set, block.size, block.requested);
