@@ -104,19 +104,31 @@ pub(crate) struct History<S> {
 }
 
 impl<D: Device> Allocator<D> {
-    /// torch's `_record_memory_history(enabled, max_entries)`: `Some(n)` keeps the last `n`
-    /// entries from now on (earlier ones are dropped if it was on), `None` stops recording
-    /// and forgets them.
+    /// torch's `_record_memory_history(enabled, max_entries)`: `Some(n)` records the last `n`
+    /// entries (when already recording, the entries are kept and the oldest beyond `n` dropped,
+    /// as torch's `setMaxEntries`); `None` stops recording and forgets them, as torch clears
+    /// its buffer when history is turned off.
     pub fn record_history(&mut self, max_entries: Option<usize>) {
-        self.history = max_entries.map(|max| {
-            Box::new(History {
-                entries: VecDeque::with_capacity(max.min(1 << 16)),
-                max,
-                dropped: 0,
-                now: 0,
-                context: None,
-            })
-        });
+        match (max_entries, &mut self.history) {
+            (Some(max), Some(h)) => {
+                h.max = max;
+                while h.entries.len() > max {
+                    h.entries.pop_front();
+                    h.dropped += 1;
+                }
+            }
+            (max, history) => {
+                *history = max.map(|max| {
+                    Box::new(History {
+                        entries: VecDeque::with_capacity(max.min(1 << 16)),
+                        max,
+                        dropped: 0,
+                        now: 0,
+                        context: None,
+                    })
+                });
+            }
+        }
     }
 
     /// Whether history is being recorded.
@@ -147,10 +159,12 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// Records a snapshot marker (torch records one each time a snapshot is taken).
+    /// Records a snapshot marker, as torch does each time a snapshot is taken: address 0, and
+    /// as its size the active bytes of every segment (torch's `total_active`).
     pub fn mark_snapshot(&mut self) {
         if self.history.is_some() {
-            self.record(Action::Snapshot, 0, 0, None);
+            let active = self.stats().active_bytes.all.current as u64;
+            self.record(Action::Snapshot, 0, active, None);
         }
     }
 

@@ -27,6 +27,8 @@ fn each_operation_records_torchs_entries() {
     a.empty_cache().unwrap();
     a.set_time(4);
     assert!(a.malloc(100 * MIB, S0).is_err());
+    let y = a.malloc(3000, S0).unwrap();
+    assert_ne!(y, 0);
     a.mark_snapshot();
     assert_eq!(
         actions(&a),
@@ -38,7 +40,10 @@ fn each_operation_records_torchs_entries() {
             ("free_completed", 3, 1000),
             ("segment_free", 3, 2 * MIB),
             ("oom", 4, 100 * MIB),
-            ("snapshot", 4, 0),
+            ("segment_alloc", 4, 2 * MIB),
+            ("alloc", 4, 3000),
+            // Its size is torch's total_active: the active bytes (3000 rounded to 3072).
+            ("snapshot", 4, 3072),
         ]
     );
     let (entries, dropped) = a.history();
@@ -65,6 +70,15 @@ fn the_ring_keeps_the_last_entries_and_nothing_is_kept_while_off() {
     assert_eq!(entries.len(), 3);
     assert_eq!(dropped, 9);
     assert_eq!(entries[2].action, Action::FreeCompleted);
+    // Asking again keeps what was recorded; a smaller ring drops the oldest (torch's
+    // setMaxEntries).
+    a.record_history(Some(3));
+    assert_eq!(a.history().0.len(), 3);
+    a.record_history(Some(1));
+    let (entries, dropped) = a.history();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(dropped, 11);
+    assert_eq!(entries[0].action, Action::FreeCompleted);
     a.record_history(None);
     assert!(!a.recording_history());
     assert_eq!(a.history().1, 0);

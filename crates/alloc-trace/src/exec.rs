@@ -675,6 +675,11 @@ impl Executor {
         &self.alloc
     }
 
+    /// The allocator under test, mutably (to record its history, to set its clock).
+    pub fn allocator_mut(&mut self) -> &mut Allocator<TestDevice> {
+        &mut self.alloc
+    }
+
     /// The operation counts so far.
     pub fn counts(&self) -> &OpCounts {
         &self.counts
@@ -1979,12 +1984,35 @@ pub struct Report {
 /// report, or the first failure. A panic inside the allocator or the device is caught and, with
 /// checks, reported as [`CheckError::Panic`].
 pub fn run(trace: &Trace, setup: &Setup, checks: Option<Checks>) -> Result<Report, Box<Failure>> {
+    run_watched(trace, setup, checks, &mut ())
+}
+
+/// What a run lets an observer see (the replayer's plots, history and progress,
+/// [`crate::observe`]); `()` watches nothing and compiles away.
+pub(crate) trait Watch {
+    /// Before operation `index` runs.
+    fn before(&mut self, _index: usize, _exec: &mut Executor) {}
+    /// After operation `index` ran.
+    fn after(&mut self, _index: usize, _exec: &Executor) {}
+    /// After the last operation, before the report is made.
+    fn end(&mut self, _exec: &Executor) {}
+}
+
+impl Watch for () {}
+
+/// [`run`], with `watch` told about every operation.
+pub(crate) fn run_watched(
+    trace: &Trace,
+    setup: &Setup,
+    checks: Option<Checks>,
+    watch: &mut impl Watch,
+) -> Result<Report, Box<Failure>> {
     let Some(checks) = checks else {
-        return run_ops(Executor::new(trace, setup), trace, setup, &mut 0);
+        return run_ops(Executor::new(trace, setup), trace, setup, &mut 0, watch);
     };
     let mut index = 0;
     let exec = Executor::checked(trace, setup, checks);
-    catch_panics(|| run_ops(exec, trace, setup, &mut index)).unwrap_or_else(|msg| {
+    catch_panics(|| run_ops(exec, trace, setup, &mut index, watch)).unwrap_or_else(|msg| {
         Err(Box::new(Failure {
             file: trace.file.clone(),
             index,
@@ -2001,9 +2029,11 @@ fn run_ops(
     trace: &Trace,
     setup: &Setup,
     index: &mut usize,
+    watch: &mut impl Watch,
 ) -> Result<Report, Box<Failure>> {
     for (i, op) in trace.ops.iter().enumerate() {
         *index = i;
+        watch.before(i, &mut exec);
         exec.step(op).map_err(|error| {
             Box::new(Failure {
                 file: trace.file.clone(),
@@ -2012,7 +2042,9 @@ fn run_ops(
                 error,
             })
         })?;
+        watch.after(i, &exec);
     }
+    watch.end(&exec);
     Ok(exec.finish(setup))
 }
 

@@ -9,6 +9,7 @@
 #![warn(unreachable_pub)]
 
 pub mod exec;
+pub mod observe;
 mod op;
 mod parse;
 pub mod replay;
@@ -21,6 +22,7 @@ pub use exec::{
     CheckError, Checks, ExecError, Executor, Failure, IdError, OpCounts, Report, Rule, Setup,
     StatsRecord,
 };
+pub use observe::{EndState, Observe, Observed, Point, replay_observed};
 pub use op::{IdRef, Misuse, Op, OpKind, PoolOp, Trace, flavour_name, well_formed};
 pub use parse::{
     Echo, KEYWORDS, LoadError, TraceError, TraceErrorKind, load, parse_bytes, parse_str,

@@ -15,6 +15,7 @@
 
 mod conf;
 mod out;
+mod plot;
 mod replay;
 mod stress;
 

@@ -1,15 +1,24 @@
 //! `npu-alloc replay`: replay a `.trace` through the policy on the simulated device and print what
 //! happened (format: `docs/trace-format.md`); with `--check`, judge every operation and check every
-//! invariant after it, as the stress engine does.
+//! invariant after it, as the stress engine does. `--plot` draws the memory curves (one set per
+//! `--conf`), `--snapshot` writes the end state and history as a PyTorch memory snapshot.
 
 use crate::out::say;
+use crate::plot;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
 use alloc_core::FormatSize;
-use alloc_trace::{Checks, Report, Setup, StatsRecord, parse_size};
+use alloc_trace::{Checks, Observe, Observed, Report, Setup, StatsRecord, Trace, parse_size};
 use serde_json::{Map, Value, json};
+
+/// History entries `--snapshot` keeps by default: torch's `_record_memory_history` default.
+const DEFAULT_HISTORY: usize = 100_000;
+
+/// Traces with at least this many operations show progress on a terminal.
+const PROGRESS_FROM: usize = 200_000;
 
 /// Arguments of `npu-alloc replay`.
 #[derive(clap::Args)]
@@ -19,9 +28,10 @@ pub(crate) struct Args {
     /// Print one JSON object per `stats` line and a last one labelled "end".
     #[arg(long)]
     json: bool,
-    /// Alloc-conf string; overrides the trace's `conf` directive.
-    #[arg(long)]
-    conf: Option<String>,
+    /// Alloc-conf string; overrides the trace's `conf` directive. Repeat it to replay the trace
+    /// once per config (summaries one after the other, curves overlaid by `--plot`).
+    #[arg(long = "conf", value_name = "CONF")]
+    confs: Vec<String>,
     /// Device capacity (bytes, or with a K/M/G suffix); overrides the trace's `capacity`.
     #[arg(long, value_parser = parse_size_arg)]
     capacity: Option<u64>,
@@ -38,6 +48,16 @@ pub(crate) struct Args {
     /// Test-only: break a check on purpose (see `stress --sabotage`).
     #[arg(long, hide = true, requires = "check")]
     sabotage: bool,
+    /// Draw allocated, reserved and active bytes over the operations into this SVG file.
+    #[arg(long, value_name = "OUT.svg")]
+    plot: Option<PathBuf>,
+    /// Write the end state and the history of the replay as a PyTorch memory snapshot (a pickle
+    /// that PyTorch's memory_viz reads); the time of each entry is its operation's index.
+    #[arg(long, value_name = "OUT.pickle")]
+    snapshot: Option<PathBuf>,
+    /// The history entries `--snapshot` keeps (torch's `max_entries`; the oldest are dropped).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_HISTORY, requires = "snapshot")]
+    history_entries: usize,
 }
 
 /// A size argument (`4096`, `2M`, `1.5GiB`), for clap.
@@ -47,7 +67,11 @@ pub(crate) fn parse_size_arg(s: &str) -> Result<u64, String> {
 
 /// Runs `npu-alloc replay`.
 pub(crate) fn run(args: Args) -> ExitCode {
-    let path = args.file;
+    if args.snapshot.is_some() && args.confs.len() > 1 {
+        eprintln!("error: --snapshot writes one replay's state: give at most one --conf with it");
+        return ExitCode::from(2);
+    }
+    let path = args.file.clone();
     let trace = match alloc_trace::load(&path) {
         Ok(trace) => trace,
         Err(e) => {
@@ -55,29 +79,98 @@ pub(crate) fn run(args: Args) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let conf_text = args.conf.as_deref().or(trace.conf.as_deref()).unwrap_or("");
+    let confs: Vec<&str> = if args.confs.is_empty() {
+        vec![trace.conf.as_deref().unwrap_or("")]
+    } else {
+        args.confs.iter().map(String::as_str).collect()
+    };
+    let progress = Progress::new(trace.ops.len(), confs.len());
+    let mut runs = Vec::with_capacity(confs.len());
+    for (i, &conf) in confs.iter().enumerate() {
+        if i > 0 && !args.json {
+            say!();
+        }
+        match replay_one(&args, &trace, conf, &progress) {
+            Ok(observed) => runs.push((conf, observed)),
+            Err(code) => return code,
+        }
+    }
+    progress.finish();
+    if let Some(out) = &args.plot {
+        let curves: Vec<plot::Curves<'_>> = runs
+            .iter()
+            .map(|(conf, observed)| plot::Curves {
+                label: conf_label(conf),
+                points: &observed.series,
+            })
+            .collect();
+        let title = plot_title(&path, &confs);
+        if let Err(e) = plot::draw(out, &title, &curves) {
+            eprintln!("error: --plot {}: {e}", out.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", out.display());
+    }
+    if let (Some(out), Some((_, observed))) = (&args.snapshot, runs.first()) {
+        let Some(end) = &observed.end else {
+            unreachable!("history is recorded whenever --snapshot is given")
+        };
+        let mut snapshot = alloc_snapshot::Snapshot::new(Some(&end.conf));
+        let written = match snapshot.add_device(0, &end.segments, &end.history) {
+            Ok(()) => snapshot.write(out).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = written {
+            eprintln!("error: --snapshot {}: {e}", out.display());
+            return ExitCode::FAILURE;
+        }
+        if end.dropped > 0 {
+            eprintln!(
+                "note: the history kept the last {} entries and dropped {} older ones \
+                 (--history-entries)",
+                end.history.len(),
+                end.dropped
+            );
+        }
+        eprintln!("wrote {}", out.display());
+    }
+    ExitCode::SUCCESS
+}
+
+/// Replays `trace` under one config and prints its summary (or JSON records).
+fn replay_one(
+    args: &Args,
+    trace: &Trace,
+    conf_text: &str,
+    progress: &Progress,
+) -> Result<Observed, ExitCode> {
+    let path = &args.file;
     let parsed = alloc_conf::parse(conf_text);
     for w in &parsed.warnings {
         eprintln!("warning: alloc conf: {w}");
     }
-    let mut setup = Setup::from_trace(&trace, parsed.conf, args.capacity, args.pad);
+    let mut setup = Setup::from_trace(trace, parsed.conf, args.capacity, args.pad);
     if let Some(f) = args.flavour {
         setup.flavour = f;
     }
-    let start = Instant::now();
-    let result = if args.check {
-        let checks = if args.sabotage {
+    let checks = args.check.then(|| {
+        if args.sabotage {
             Checks::sabotaged()
         } else {
             Checks::default()
-        };
-        alloc_trace::replay_checked(&trace, &setup, checks)
-    } else {
-        alloc_trace::replay(&trace, &setup)
+        }
+    });
+    let tick = |done: u64| progress.tick(done);
+    let observe = Observe {
+        series: args.plot.is_some(),
+        history: args.snapshot.is_some().then_some(args.history_entries),
+        progress: progress.enabled().then_some(&tick as &dyn Fn(u64)),
     };
-    let report = match result {
-        Ok(report) => report,
+    let start = Instant::now();
+    let (report, observed) = match alloc_trace::replay_observed(trace, &setup, checks, &observe) {
+        Ok(done) => done,
         Err(f) => {
+            progress.finish();
             eprintln!(
                 "{}:{}: {} (operation {})",
                 path.display(),
@@ -85,9 +178,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
                 f.error,
                 f.index
             );
-            return ExitCode::FAILURE;
+            return Err(ExitCode::FAILURE);
         }
     };
+    progress.run_done(trace.ops.len());
     let seconds = start.elapsed().as_secs_f64();
     for notice in &report.notices {
         eprintln!("note: {notice}");
@@ -100,12 +194,81 @@ pub(crate) fn run(args: Args) -> ExitCode {
     }
     if args.json {
         for record in report.records.iter().chain([&report.end]) {
-            say!("{}", record_json(record));
+            let mut value = record_json(record);
+            if args.confs.len() > 1 {
+                value["conf"] = json!(conf_text);
+            }
+            say!("{value}");
         }
     } else {
-        print_summary(&path, conf_text, &report, seconds);
+        print_summary(path, conf_text, &report, seconds);
     }
-    ExitCode::SUCCESS
+    Ok(observed)
+}
+
+/// How a config is named in a legend.
+fn conf_label(conf: &str) -> &str {
+    if conf.is_empty() { "(defaults)" } else { conf }
+}
+
+/// The plot's title: the trace's file name and its config(s).
+fn plot_title(path: &Path, confs: &[&str]) -> String {
+    let name = path.file_name().map_or_else(
+        || path.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    match confs {
+        [one] => format!("{name}: {}", conf_label(one)),
+        _ => format!("{name}: {} configs", confs.len()),
+    }
+}
+
+/// A progress bar on stderr for long replays, when stderr is a terminal; silent otherwise.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    /// Operations of the runs already finished.
+    base: std::cell::Cell<u64>,
+}
+
+impl Progress {
+    fn new(ops: usize, runs: usize) -> Progress {
+        let bar = (ops >= PROGRESS_FROM && std::io::stderr().is_terminal()).then(|| {
+            let bar = indicatif::ProgressBar::new((ops * runs) as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "replaying {bar:40} {human_pos}/{human_len} operations, {eta} left",
+                )
+                .expect("a valid template"),
+            );
+            bar
+        });
+        Progress {
+            bar,
+            base: std::cell::Cell::new(0),
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    fn tick(&self, done: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(self.base.get() + done);
+        }
+    }
+
+    /// One run (of `ops` operations) is over.
+    fn run_done(&self, ops: usize) {
+        self.base.set(self.base.get() + ops as u64);
+        self.tick(0);
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 /// One stats record as torch's flat `memory_stats()` keys plus `label` and `line`.

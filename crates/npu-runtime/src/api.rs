@@ -106,9 +106,11 @@ pub struct Runtime<D: Device> {
     /// The run-time settings so far: the configuration devices opened from now on start from,
     /// and every `set_allocator_settings` string in order (each device applies the ones it has
     /// not seen, under this lock, so none is missed by a device that opens meanwhile).
-    settings: Mutex<(alloc_conf::AllocConf, Vec<String>)>,
+    pub(crate) settings: Mutex<(alloc_conf::AllocConf, Vec<String>)>,
     devices: Vec<Slot<D>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
+    /// The history every device records (`record_memory_history`): its ring size, or `None`.
+    pub(crate) history: Mutex<Option<usize>>,
     /// Tells this runtime's scopes apart in the thread-local scope stack (`scope`).
     pub(crate) id: u64,
 }
@@ -134,6 +136,7 @@ where
                 })
                 .collect(),
             observers: Mutex::new(Vec::new()),
+            history: Mutex::new(None),
             id: crate::scope::next_runtime_id(),
         }
     }
@@ -165,6 +168,7 @@ where
         if let Entry::Caching(a) = &opened.1 {
             a.catch_up(&self.settings.lock().1);
         }
+        self.catch_up_history(&opened.1);
         Ok(opened)
     }
 

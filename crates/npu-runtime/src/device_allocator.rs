@@ -142,8 +142,32 @@ impl<D: Device> DeviceAllocator<D> {
         }
     }
 
+    /// The allocator, locked; while it records history, stamped with the time of what the
+    /// caller does next.
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, Allocator<Shared<D>>> {
-        self.inner.lock()
+        let mut allocator = self.inner.lock();
+        if allocator.recording_history() {
+            allocator.set_time(crate::history::now_us());
+        }
+        allocator
+    }
+
+    /// `_record_memory_history` on this device: `Some(max_entries)` or off.
+    pub(crate) fn set_history(&self, max_entries: Option<usize>) {
+        self.lock().record_history(max_entries);
+    }
+
+    /// Adds this device's segments and history, taken under one lock, to `snapshot`; the
+    /// history ends with the `snapshot` entry this records, as torch's does.
+    pub(crate) fn add_to(
+        &self,
+        snapshot: &mut alloc_snapshot::Snapshot,
+    ) -> Result<(), alloc_snapshot::ExportError> {
+        let mut allocator = self.lock();
+        let segments = allocator.snapshot();
+        allocator.mark_snapshot();
+        snapshot.add_device(self.index, &segments, &allocator.history().0)
     }
 
     /// `malloc(size, stream)` from private pool `pool` (`None`: the default pools); see the

@@ -36,6 +36,8 @@ pub enum RuntimeError<E = AclError> {
     Saver(SaverError<E>),
     /// A scope (`use_mem_pool`, `region`) was ended that this thread has not open.
     ScopeNotOpen,
+    /// A snapshot could not hold a value (torch's fields are signed 64-bit integers).
+    Snapshot(alloc_snapshot::ExportError),
 }
 
 impl<E> From<PoolError> for RuntimeError<E> {
@@ -112,6 +114,7 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
             RuntimeError::ScopeNotOpen => {
                 f.write_str("no such memory pool or memory saver scope is open on this thread")
             }
+            RuntimeError::Snapshot(e) => e.fmt(f),
         }
     }
 }

@@ -24,6 +24,7 @@ mod api;
 mod config;
 mod device_allocator;
 mod error;
+mod history;
 mod no_caching;
 mod route;
 mod scope;
@@ -40,5 +41,6 @@ pub use alloc_core::{
 pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
 pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use error::RuntimeError;
+pub use history::DumpError;
 pub use scope::{MemPool, ScopeGuard};
 pub use summary::{ExpandableSummary, memory_summary};
