@@ -10,6 +10,7 @@
 
 mod export;
 mod model;
+mod read;
 mod write;
 
 pub use export::ExportError;
@@ -17,4 +18,5 @@ pub use model::{
     Action, AllocatorSettings, Block, BlockState, Divisions, Frame, Segment, SegmentType, Snapshot,
     Totals, TraceEntry,
 };
+pub use read::{Limits, Read, ReadError, ReadWarning, read, read_file, read_with};
 pub use write::WriteError;
