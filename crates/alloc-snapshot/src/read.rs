@@ -56,10 +56,10 @@ pub struct Limits {
     /// The most memo entries; `None` is the input's length (each needs a byte).
     pub max_memo: Option<u64>,
     /// The most values stage 2 may visit, counting a container as one plus its length at each
-    /// place it is referenced; `None` is the larger of 1,000,000 and 64 × the input's length.
+    /// place it is referenced; `None` is the larger of 1,000,000 and 16 × the input's length.
     pub max_values: Option<u64>,
     /// The most bytes of text stage 2 may copy into the snapshot (a shared string is copied at
-    /// each reference); `None` is the larger of 64 MiB and 256 × the input's length.
+    /// each reference); `None` is the larger of 64 MiB and 16 × the input's length.
     pub max_text: Option<u64>,
 }
 
@@ -94,10 +94,10 @@ pub fn read_with(bytes: &[u8], limits: &Limits) -> Result<Read, ReadError> {
     let budget = shape::Budget {
         values: limits
             .max_values
-            .unwrap_or_else(|| len.saturating_mul(64).max(1_000_000)),
+            .unwrap_or_else(|| len.saturating_mul(16).max(1_000_000)),
         text: limits
             .max_text
-            .unwrap_or_else(|| len.saturating_mul(256).max(64 << 20)),
+            .unwrap_or_else(|| len.saturating_mul(16).max(64 << 20)),
     };
     shape::snapshot(&doc, root, budget)
 }

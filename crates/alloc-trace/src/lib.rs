@@ -9,6 +9,7 @@
 #![warn(unreachable_pub)]
 
 pub mod exec;
+pub mod import;
 pub mod observe;
 mod op;
 mod parse;
@@ -22,6 +23,7 @@ pub use exec::{
     CheckError, Checks, ExecError, Executor, Failure, IdError, OpCounts, Report, Rule, Setup,
     StatsRecord,
 };
+pub use import::{ImportError, ImportOptions, ImportSummary, Imported, import_snapshot};
 pub use observe::{EndState, Observe, Observed, Point, replay_observed};
 pub use op::{IdRef, Misuse, Op, OpKind, PoolOp, Trace, flavour_name, well_formed};
 pub use parse::{

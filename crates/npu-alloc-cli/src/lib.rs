@@ -3,7 +3,8 @@
 //! - `npu-alloc replay FILE`: replay a `.trace` through the exact policy on the simulated device
 //!   (`--check`: with every check of the stress engine after every operation);
 //! - `npu-alloc conf [STRING]`: parse an alloc-conf string (or the environment) and explain it;
-//! - `npu-alloc stress`: random operations, faults and misuse, every invariant checked.
+//! - `npu-alloc stress`: random operations, faults and misuse, every invariant checked;
+//! - `npu-alloc import-snapshot SNAPSHOT -o OUT.trace`: a PyTorch memory snapshot as a trace.
 //!
 //! Exit codes: 0 success; 1 the command ran and found a problem (a malformed trace, a replay
 //! that stopped, a failed check or stress run, a warning under `conf --strict`); 2 a malformed
@@ -14,6 +15,7 @@
 #![warn(unreachable_pub)]
 
 mod conf;
+mod import;
 mod out;
 mod plot;
 mod replay;
@@ -48,10 +50,13 @@ enum Command {
     /// Random operations with device faults and misuse, every invariant checked after each.
     #[command(after_help = EXIT_CODES)]
     Stress(stress::Args),
+    /// Convert a PyTorch memory snapshot (pickle) into a `.trace` that `replay` runs.
+    #[command(after_help = EXIT_CODES)]
+    ImportSnapshot(import::Args),
 }
 
 /// The subcommands, by name (for `cargo xtask`'s aliases).
-pub const SUBCOMMANDS: [&str; 3] = ["replay", "conf", "stress"];
+pub const SUBCOMMANDS: [&str; 4] = ["replay", "conf", "stress", "import-snapshot"];
 
 /// Parses a command line into `P`, or prints why not and returns the exit code: help and
 /// version go to stdout with success, a malformed command line exits 2. (xtask parses its own
@@ -79,5 +84,6 @@ pub fn main_with(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) ->
         Command::Replay(args) => replay::run(args),
         Command::Conf(args) => conf::run(args),
         Command::Stress(args) => stress::run(args),
+        Command::ImportSnapshot(args) => import::run(args),
     }
 }

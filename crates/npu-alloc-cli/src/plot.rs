@@ -97,13 +97,21 @@ pub(crate) fn draw(path: &Path, title: &str, runs: &[Curves<'_>]) -> Result<(), 
         .x_desc("operation")
         .y_desc(unit_name)
         .draw()?;
-    // Reserved thickest, allocated thinner, active thinnest; one hue per config.
     let palette = [BLUE, RED, GREEN, MAGENTA, CYAN, BLACK];
     for (i, run) in runs.iter().enumerate() {
-        let colour = palette[i % palette.len()];
-        for &Series { name, value, width } in &SERIES {
+        for (k, &Series { name, value, width }) in SERIES.iter().enumerate() {
+            // One config: a colour per curve. Several: a colour per config, a width per curve.
+            let colour = if runs.len() == 1 {
+                palette[k]
+            } else {
+                palette[i % palette.len()]
+            };
             let style = ShapeStyle {
-                color: colour.mix(if width == 3 { 1.0 } else { 0.6 }),
+                color: colour.mix(if width == 3 || runs.len() == 1 {
+                    1.0
+                } else {
+                    0.6
+                }),
                 filled: false,
                 stroke_width: width,
             };

@@ -195,3 +195,153 @@ fn a_reader_that_goes_away_ends_the_output_quietly() {
     assert!(stderr(&o).is_empty(), "{}", stderr(&o));
     assert!(first.starts_with(b"{\"label\":\"s0\""));
 }
+
+#[test]
+fn replay_plots_the_curves_of_each_config_into_an_svg() {
+    let svg = temp_file("plot.svg", "");
+    let o = npu_alloc(&[
+        "replay",
+        &shipped("split_merge.trace"),
+        "--conf",
+        "",
+        "--conf",
+        "max_split_size_mb:20",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Both summaries are printed, one after the other.
+    assert_eq!(stdout(&o).matches("peak reserved").count(), 2);
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(text.starts_with("<svg"), "{}", &text[..100]);
+    for label in [
+        "split_merge.trace: 2 configs",
+        "reserved: (defaults)",
+        "allocated: max_split_size_mb:20",
+        "active: max_split_size_mb:20",
+        "operation",
+        "MiB",
+    ] {
+        assert!(text.contains(label), "the SVG lacks {label:?}");
+    }
+    // Per config, one reserved curve (the widest line) and its legend mark.
+    assert_eq!(text.matches(r#"stroke-width="3""#).count(), 2 * 2);
+}
+
+#[test]
+fn replay_json_with_several_configs_names_each_config() {
+    let o = npu_alloc(&[
+        "replay",
+        &shipped("split_merge.trace"),
+        "--json",
+        "--conf",
+        "",
+        "--conf",
+        "max_split_size_mb:20",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let confs: Vec<String> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["label"] == "end")
+        .map(|v| v["conf"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(confs, ["", "max_split_size_mb:20"]);
+    // A snapshot holds one replay's state.
+    let o = npu_alloc(&[
+        "replay",
+        &shipped("split_merge.trace"),
+        "--conf",
+        "",
+        "--conf",
+        "max_split_size_mb:20",
+        "--snapshot",
+        "x.pickle",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn replay_writes_a_snapshot_python_reads_with_the_end_stats() {
+    let out = temp_file("replay.pickle", "");
+    let o = npu_alloc(&[
+        "replay",
+        &shipped("record_stream.trace"),
+        "--json",
+        "--snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let end: serde_json::Value = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["label"] == "end")
+        .unwrap();
+    let py = testkit::python_snapshot::read_with_python(&out);
+    assert_eq!(
+        py.devices,
+        [(
+            0,
+            end["segment.all.current"].as_u64().unwrap(),
+            end["reserved_bytes.all.current"].as_u64().unwrap(),
+            end["allocated_bytes.all.current"].as_u64().unwrap()
+        )]
+    );
+    assert!(py.actions.contains(&"free_completed".to_owned()));
+    assert_eq!(py.trace_lengths.len(), 1);
+}
+
+#[test]
+fn a_pytorch_snapshot_imports_as_the_shipped_trace_and_replays() {
+    let magma = shipped("magma27_memory_snapshot.pickle");
+    let out = temp_file("magma.trace", "");
+    let o = npu_alloc(&["import-snapshot", &magma, "-o", out.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("229 prologue allocations, 1721 alloc, 1721 free (0 delayed)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = npu_alloc(&["replay", out.to_str().unwrap(), "--pad", "0"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("peak reserved       13.12 GiB (14088667136 bytes)"),
+        "{}",
+        stdout(&o)
+    );
+    assert!(
+        stdout(&o).contains("segments now        240"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[test]
+fn import_refuses_a_pickle_that_would_run_code_naming_the_offset() {
+    // PROTO 2, GLOBAL os.system, SHORT_BINUNICODE "echo", TUPLE1, REDUCE, STOP.
+    let mut bytes = b"\x80\x02cos\nsystem\n".to_vec();
+    bytes.extend_from_slice(b"\x8c\x04echo\x85R.");
+    let path = temp_file("evil.pickle", "");
+    std::fs::write(&path, bytes).unwrap();
+    let out = temp_file("evil.trace", "");
+    let o = npu_alloc(&[
+        "import-snapshot",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("GLOBAL"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("byte 2"), "{}", stderr(&o));
+    // A truncated snapshot names where it ends.
+    let magma = std::fs::read(shipped("magma27_memory_snapshot.pickle")).unwrap();
+    std::fs::write(&path, &magma[..1000]).unwrap();
+    let o = npu_alloc(&[
+        "import-snapshot",
+        path.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
+}

@@ -1,0 +1,398 @@
+//! A PyTorch memory snapshot as a replayable `.trace`: the caller's side of the history
+//! (allocations and frees), with the allocator's own decisions (segments, completions that
+//! happen at once) left for the replaying allocator to make again.
+//!
+//! - `alloc` entries become `alloc a<n> <size> <stream>` (torch's `size` is the requested size);
+//!   `free_requested` becomes `free`.
+//! - A `free_completed` that does not follow its `free_requested` at once means the block
+//!   waited on another stream's work: the import gives the block a `record` on a stream of its
+//!   own before the `free` and a `complete` of that stream where torch completed it, so the
+//!   replay holds the block exactly as long.
+//! - Blocks live before the history started are rebuilt as a prologue, in address order: the
+//!   end state's active blocks that no `alloc` of the history accounts for, and blocks the
+//!   history frees without having allocated them. Then `reset_peak` and `stats prologue`, so
+//!   peaks are the recorded window's.
+//! - Streams are renumbered: torch's stream 0 stays 0, the others get 1, 2, … in order of first
+//!   appearance; the streams of delayed frees come after them.
+//! - Segment, out-of-memory, snapshot and annotation entries are skipped (counted in
+//!   [`ImportSummary`]); so is what does not pair up (a free of an address freed already, an
+//!   `alloc` of an address still live), each counted as a warning.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use alloc_snapshot::{Action, BlockState, Snapshot, TraceEntry};
+
+use crate::op::{IdRef, OpKind, Trace};
+
+/// What to import.
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// The device whose history to import; by default the one with the longest history.
+    pub device: Option<i64>,
+    /// The device capacity to write as the trace's `capacity` directive. A PyTorch snapshot
+    /// does not record the device's total memory, so none is written unless given.
+    pub capacity: Option<u64>,
+}
+
+/// Why a snapshot cannot be imported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImportError {
+    /// The snapshot has no history to replay (`_record_memory_history` was off).
+    NoHistory,
+    /// The device asked for has no history.
+    NoSuchDevice {
+        /// The device asked for.
+        device: i64,
+        /// Devices with a history.
+        available: Vec<i64>,
+    },
+}
+
+impl fmt::Display for ImportError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImportError::NoHistory => f.write_str(
+                "the snapshot has no trace entries: record it with \
+                 torch.cuda.memory._record_memory_history() on",
+            ),
+            ImportError::NoSuchDevice { device, available } => {
+                write!(
+                    f,
+                    "device {device} has no trace entries; devices with some: {available:?}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ImportError {}
+
+/// What an import did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImportSummary {
+    /// The device imported.
+    pub device: i64,
+    /// Trace entries of that device.
+    pub entries: u64,
+    /// Prologue allocations: blocks live before the history started.
+    pub prologue: u64,
+    /// Of them, blocks the history frees without allocating them.
+    pub prologue_freed: u64,
+    /// `alloc` lines from the history.
+    pub allocs: u64,
+    /// `free` lines.
+    pub frees: u64,
+    /// Frees completed later, on another stream's work (`record` + `complete` pairs).
+    pub delayed_frees: u64,
+    /// Streams of the snapshot, in id order: torch's stream value of id 0, 1, ….
+    pub streams: Vec<i64>,
+    /// Streams added for delayed frees.
+    pub extra_streams: u64,
+    /// Entries skipped as the allocator's own decisions or annotations, by action name.
+    pub skipped: BTreeMap<String, u64>,
+    /// Entries that did not pair up and were left out, by what was wrong.
+    pub warnings: BTreeMap<&'static str, u64>,
+}
+
+/// A snapshot imported as a trace.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The trace.
+    pub trace: Trace,
+    /// What was imported and left out.
+    pub summary: ImportSummary,
+}
+
+impl Imported {
+    /// The trace as `.trace` text, with a header saying where it came from (`source`, e.g. the
+    /// file name) and what was imported.
+    pub fn to_text(&self, source: &str) -> String {
+        let s = &self.summary;
+        let mut out = String::new();
+        out.push_str(
+            "# .trace v1, imported from a PyTorch memory snapshot by `npu-alloc import-snapshot`\n",
+        );
+        out.push_str(&format!(
+            "# source: {source}, device {}, {} trace entries\n",
+            s.device, s.entries
+        ));
+        out.push_str(&format!(
+            "# prologue: {} allocations live when recording started ({} of them freed in the history), address order\n",
+            s.prologue, s.prologue_freed
+        ));
+        out.push_str(&format!(
+            "# history: {} alloc, {} free ({} completed later on another stream: record + complete)\n",
+            s.allocs, s.frees, s.delayed_frees
+        ));
+        let streams: Vec<String> = s
+            .streams
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{i} = {v:#x}"))
+            .collect();
+        out.push_str(&format!(
+            "# streams: {}{}\n",
+            streams.join(", "),
+            if s.extra_streams > 0 {
+                format!("; {} more for delayed frees", s.extra_streams)
+            } else {
+                String::new()
+            }
+        ));
+        for (action, n) in &s.skipped {
+            out.push_str(&format!(
+                "# skipped: {n} {action} entries (the allocator's own decisions)\n"
+            ));
+        }
+        for (what, n) in &s.warnings {
+            out.push_str(&format!("# left out: {n} × {what}\n"));
+        }
+        out.push_str("# sizes are the requested sizes; replay with --pad 0 for CUDA's rounding\n");
+        out.push_str(&crate::write::to_text(&self.trace));
+        out
+    }
+}
+
+/// Counts one entry left out because of `what`.
+fn warn(warnings: &mut BTreeMap<&'static str, u64>, what: &'static str) {
+    *warnings.entry(what).or_insert(0) += 1;
+}
+
+/// Devices with a history, and the length of each.
+fn histories(snapshot: &Snapshot) -> impl Iterator<Item = (i64, &[TraceEntry])> {
+    snapshot
+        .device_traces
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(i, t)| (i as i64, t.as_slice()))
+}
+
+/// Streams renumbered: torch's 0 stays 0, others in order of first appearance.
+#[derive(Default)]
+struct Streams {
+    ids: HashMap<i64, u64>,
+    values: Vec<i64>,
+}
+
+impl Streams {
+    fn new() -> Streams {
+        let mut s = Streams::default();
+        s.id(0);
+        s
+    }
+
+    fn id(&mut self, value: i64) -> u64 {
+        *self.ids.entry(value).or_insert_with(|| {
+            self.values.push(value);
+            self.values.len() as u64 - 1
+        })
+    }
+}
+
+/// Converts device `options.device` (or the one with the longest history) of `snapshot` into a
+/// trace; `progress` is called now and then with the entries done.
+pub fn import_snapshot(
+    snapshot: &Snapshot,
+    options: &ImportOptions,
+    progress: Option<&dyn Fn(u64)>,
+) -> Result<Imported, ImportError> {
+    let (device, entries) =
+        match options.device {
+            Some(d) => histories(snapshot).find(|&(i, _)| i == d).ok_or_else(|| {
+                ImportError::NoSuchDevice {
+                    device: d,
+                    available: histories(snapshot).map(|(i, _)| i).collect(),
+                }
+            })?,
+            None => histories(snapshot)
+                .max_by_key(|&(i, t)| (t.len(), -i))
+                .ok_or(ImportError::NoHistory)?,
+        };
+    let mut summary = ImportSummary {
+        device,
+        entries: entries.len() as u64,
+        ..ImportSummary::default()
+    };
+    let mut streams = Streams::new();
+
+    // Pass 1: which addresses the history allocates and frees (to find the prologue), where
+    // each free completes, and every stream in order of first appearance.
+    let mut live: HashMap<i64, ()> = HashMap::new();
+    let mut freed_before: BTreeMap<i64, (i64, i64)> = BTreeMap::new(); // addr → (size, stream)
+    let mut requested: HashMap<i64, usize> = HashMap::new(); // addr → its free_requested
+    let mut completed_at: HashMap<usize, usize> = HashMap::new(); // free_requested → completed
+    let mut last_freed: HashMap<i64, ()> = HashMap::new(); // addresses last seen freed
+    for (i, e) in entries.iter().enumerate() {
+        let Some(addr) = e.addr else { continue };
+        match e.action {
+            Action::Alloc => {
+                streams.id(e.stream);
+                live.insert(addr, ());
+                last_freed.remove(&addr);
+            }
+            Action::FreeRequested => {
+                if live.remove(&addr).is_none() {
+                    freed_before.entry(addr).or_insert((e.size, e.stream));
+                }
+                requested.insert(addr, i);
+                last_freed.insert(addr, ());
+            }
+            Action::FreeCompleted => {
+                if let Some(r) = requested.remove(&addr) {
+                    completed_at.insert(r, i);
+                }
+            }
+            _ => {}
+        }
+    }
+    // End-state active blocks the history's allocations do not account for.
+    let mut prologue: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    let mut pending_at_end: HashMap<i64, ()> = HashMap::new();
+    for seg in snapshot.segments.iter().filter(|s| s.device == device) {
+        for b in &seg.blocks {
+            if b.state == BlockState::ActivePendingFree {
+                pending_at_end.insert(b.address, ());
+            }
+            // The history accounts for a block allocated in it and not freed, or one it freed
+            // last (still pending at the end).
+            let accounted = match b.state {
+                BlockState::Inactive => true,
+                BlockState::ActiveAllocated => live.contains_key(&b.address),
+                BlockState::ActivePendingFree => last_freed.contains_key(&b.address),
+            };
+            if accounted {
+                continue;
+            }
+            let size = if b.requested_size > 0 && b.requested_size <= b.size {
+                b.requested_size
+            } else {
+                b.size
+            };
+            streams.id(seg.stream);
+            prologue.insert(b.address, (size, seg.stream));
+        }
+    }
+    summary.prologue_freed = freed_before
+        .keys()
+        .filter(|a| !prologue.contains_key(a))
+        .count() as u64;
+    for (addr, (size, stream)) in freed_before {
+        streams.id(stream);
+        prologue.entry(addr).or_insert((size, stream));
+    }
+    let real_streams = streams.values.len() as u64;
+
+    let mut trace = Trace::new("imported.trace");
+    trace.capacity = options.capacity;
+    if let Some(conf) = snapshot
+        .allocator_settings
+        .as_ref()
+        .map(|s| s.alloc_conf.trim())
+        .filter(|c| !c.is_empty() && !c.contains(char::is_whitespace))
+    {
+        trace.conf = Some(conf.to_owned());
+    }
+    let mut by_addr: HashMap<i64, IdRef> = HashMap::new();
+    for (n, (addr, (size, stream))) in prologue.iter().enumerate() {
+        let id = trace.add_id(format!("p{n}"));
+        by_addr.insert(*addr, id);
+        trace.push(OpKind::Alloc {
+            id,
+            size: size.unsigned_abs(),
+            stream: streams.id(*stream),
+        });
+    }
+    summary.prologue = prologue.len() as u64;
+    trace.push(OpKind::ResetPeak);
+    trace.push(OpKind::Stats {
+        label: Some("prologue".to_owned()),
+    });
+
+    // Pass 2: the history. Delayed frees get streams of their own: `complete <s>` finishes all
+    // work queued on `s`, so a stream serves one pending free at a time.
+    let mut pending: HashMap<i64, u64> = HashMap::new(); // addr → its stream
+    let mut idle_streams: Vec<u64> = Vec::new();
+    let mut next_alloc = 0u64;
+    let mut extra = 0u64;
+    for (i, e) in entries.iter().enumerate() {
+        if let Some(tick) = progress
+            && i % 65_536 == 0
+        {
+            tick(i as u64);
+        }
+        let addr = match (&e.action, e.addr) {
+            (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => a,
+            (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, None) => {
+                warn(&mut summary.warnings, "entry without an address");
+                continue;
+            }
+            (other, _) => {
+                *summary.skipped.entry(other.name().to_owned()).or_insert(0) += 1;
+                continue;
+            }
+        };
+        match e.action {
+            Action::Alloc => {
+                if by_addr.contains_key(&addr) {
+                    warn(&mut summary.warnings, "alloc of an address still live");
+                    continue;
+                }
+                let id = trace.add_id(format!("a{next_alloc}"));
+                next_alloc += 1;
+                by_addr.insert(addr, id);
+                trace.push(OpKind::Alloc {
+                    id,
+                    size: e.size.unsigned_abs(),
+                    stream: streams.id(e.stream),
+                });
+                summary.allocs += 1;
+            }
+            Action::FreeRequested => {
+                let Some(id) = by_addr.remove(&addr) else {
+                    warn(&mut summary.warnings, "free of an address not live");
+                    continue;
+                };
+                // A free completed later, or never (the block is still pending at the end).
+                let completes_later = match completed_at.get(&i) {
+                    Some(&c) => c > i + 1,
+                    None => pending_at_end.contains_key(&addr),
+                };
+                if completes_later {
+                    let stream = idle_streams.pop().unwrap_or_else(|| {
+                        extra += 1;
+                        real_streams + extra - 1
+                    });
+                    trace.push(OpKind::Record { id, stream });
+                    pending.insert(addr, stream);
+                    summary.delayed_frees += 1;
+                }
+                trace.push(OpKind::Free { id });
+                summary.frees += 1;
+            }
+            Action::FreeCompleted => {
+                if let Some(stream) = pending.remove(&addr) {
+                    trace.push(OpKind::Complete {
+                        stream: Some(stream),
+                    });
+                    idle_streams.push(stream);
+                }
+                // Otherwise it followed its free_requested at once, or the request was not
+                // recorded (the ring dropped it): nothing to do either way.
+            }
+            _ => unreachable!("other actions were skipped above"),
+        }
+    }
+    // Frees still pending at the end stay pending in the replay too (their streams are never
+    // completed), as the snapshot's `active_pending_free` blocks are.
+    trace.push(OpKind::Stats {
+        label: Some("end".to_owned()),
+    });
+    if let Some(tick) = progress {
+        tick(entries.len() as u64);
+    }
+    summary.streams = streams.values;
+    summary.extra_streams = extra;
+    Ok(Imported { trace, summary })
+}

@@ -1,0 +1,214 @@
+//! Importing PyTorch memory snapshots as traces: the shipped MAGMA27 snapshot gives exactly the
+//! shipped GPT-2 trace; delayed frees become `record` + `complete`; a replay's own snapshot
+//! imports back to the same figures.
+
+use alloc_snapshot::{Action, Block, BlockState, Segment, SegmentType, Snapshot, TraceEntry};
+use alloc_trace::{
+    ImportError, ImportOptions, Observe, OpKind, Setup, import_snapshot, load, parse_str, replay,
+    replay_observed, to_text,
+};
+
+const MAGMA27: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/traces/magma27_memory_snapshot.pickle"
+);
+const GPT2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/gpt2_step.trace");
+
+fn cuda_setup(trace: &alloc_trace::Trace) -> Setup {
+    Setup::from_trace(trace, Default::default(), None, Some(0))
+}
+
+fn kinds(trace: &alloc_trace::Trace) -> Vec<&OpKind> {
+    trace.ops.iter().map(|op| &op.kind).collect()
+}
+
+#[test]
+fn magma27_imports_as_the_shipped_gpt2_trace() {
+    let read = alloc_snapshot::read_file(MAGMA27.as_ref()).unwrap();
+    let imported = import_snapshot(&read.snapshot, &ImportOptions::default(), None).unwrap();
+    let s = &imported.summary;
+    assert_eq!(s.device, 0);
+    assert_eq!(s.entries, 5163);
+    // 227 blocks live at the end that no alloc of the history made, and 2 freed in it.
+    assert_eq!((s.prologue, s.prologue_freed), (229, 2));
+    assert_eq!((s.allocs, s.frees, s.delayed_frees), (1721, 1721, 0));
+    assert_eq!(s.streams, [0]);
+    assert!(s.skipped.is_empty() && s.warnings.is_empty(), "{s:?}");
+    // The shipped trace was converted from the same snapshot by hand: same operations.
+    let shipped = load(GPT2).unwrap();
+    let text = imported.to_text("magma27_memory_snapshot.pickle");
+    let parsed = parse_str("imported.trace", &text).unwrap();
+    assert_eq!(kinds(&parsed), kinds(&shipped));
+    // Replayed with CUDA's rounding: 240 segments, 14,088,667,136 bytes, where PyTorch held
+    // 216 segments and 14,180,941,824 bytes after its five warm-up steps.
+    let report = replay(&parsed, &cuda_setup(&parsed)).unwrap();
+    let stats = &report.end.stats;
+    assert_eq!(stats.reserved_bytes.all.peak, 14_088_667_136);
+    assert_eq!(stats.segment.all.current, 240);
+}
+
+fn entry(action: Action, addr: i64, size: i64, stream: i64, time_us: i64) -> TraceEntry {
+    TraceEntry {
+        action,
+        addr: Some(addr),
+        device_free: None,
+        size,
+        stream,
+        time_us,
+        compile_context: "N/A".into(),
+        user_metadata: String::new(),
+        frames: Vec::new(),
+    }
+}
+
+#[test]
+fn frees_completed_later_hold_their_block_on_a_stream_of_their_own() {
+    use Action::{Alloc, FreeCompleted, FreeRequested, SegmentAlloc};
+    const SIDE: i64 = 0x5555_0000; // a CUDA stream handle
+    let pending_block = |address, size| Block {
+        address,
+        size,
+        requested_size: size,
+        state: BlockState::ActivePendingFree,
+        frames: Vec::new(),
+    };
+    let snapshot = Snapshot {
+        segments: vec![Segment {
+            device: 0,
+            address: 0x10_0000,
+            total_size: 2 << 20,
+            allocated_size: 0,
+            active_size: 512,
+            requested_size: 512,
+            stream: 0,
+            segment_type: SegmentType::Small,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: Vec::new(),
+            blocks: vec![pending_block(0x10_0000, 512)],
+        }],
+        device_traces: vec![vec![
+            entry(Alloc, 0x20_0000, 1000, SIDE, 1),
+            entry(Alloc, 0x30_0000, 2000, 0, 2),
+            entry(Alloc, 0x40_0000, 3000, 0, 3),
+            entry(FreeRequested, 0x20_0000, 1000, SIDE, 4),
+            entry(FreeRequested, 0x30_0000, 2000, 0, 5),
+            entry(FreeCompleted, 0x30_0000, 2000, 0, 5),
+            entry(FreeRequested, 0x40_0000, 3000, 0, 6),
+            // torch completes frees when a malloc polls the events, before its own entries.
+            entry(FreeCompleted, 0x20_0000, 1000, SIDE, 7),
+            entry(FreeCompleted, 0x40_0000, 3000, 0, 7),
+            entry(SegmentAlloc, 0x10_0000, 2 << 20, 0, 7),
+            entry(Alloc, 0x10_0000, 500, 0, 7),
+            // Still pending at the end (the segment shows it active_pending_free).
+            entry(FreeRequested, 0x10_0000, 500, 0, 10),
+        ]],
+        ..Snapshot::default()
+    };
+    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
+    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    assert_eq!(
+        body,
+        [
+            "reset_peak",
+            "stats prologue",
+            "alloc a0 1000 1",
+            "alloc a1 2000 0",
+            "alloc a2 3000 0",
+            // a0 completes after other entries: a stream of its own (2: after the snapshot's
+            // streams 0 and 1).
+            "record a0 2",
+            "free a0",
+            // a1 completes at once: a plain free.
+            "free a1",
+            // a2 completes later too, while stream 2 still waits: stream 3.
+            "record a2 3",
+            "free a2",
+            "complete 2",
+            "complete 3",
+            "alloc a3 500 0",
+            // a3 never completes: its stream (3, the last one to fall idle) is never completed.
+            "record a3 3",
+            "free a3",
+            "stats end",
+        ]
+    );
+    let s = &imported.summary;
+    assert_eq!(s.streams, [0, SIDE]);
+    assert_eq!((s.delayed_frees, s.extra_streams), (3, 2));
+    assert_eq!(s.skipped.get("segment_alloc"), Some(&1));
+    // Replayed, a0 and a2 return when a3's malloc polls the events, as in torch; a3 stays
+    // pending at the end, as in the snapshot.
+    let report = replay(
+        &imported.trace,
+        &Setup::from_trace(&imported.trace, Default::default(), None, Some(0)),
+    )
+    .unwrap();
+    assert_eq!(report.end.stats.active_bytes.all.current, 512);
+    assert_eq!(report.end.stats.allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn a_snapshot_without_history_or_without_the_device_is_refused() {
+    let empty = Snapshot::default();
+    assert_eq!(
+        import_snapshot(&empty, &ImportOptions::default(), None).unwrap_err(),
+        ImportError::NoHistory
+    );
+    let one = Snapshot {
+        device_traces: vec![vec![], vec![entry(Action::Alloc, 0x1000, 1, 0, 0)]],
+        ..Snapshot::default()
+    };
+    let options = ImportOptions {
+        device: Some(0),
+        capacity: None,
+    };
+    let e = import_snapshot(&one, &options, None).unwrap_err();
+    assert_eq!(
+        e,
+        ImportError::NoSuchDevice {
+            device: 0,
+            available: vec![1]
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "device 0 has no trace entries; devices with some: [1]"
+    );
+    let imported = import_snapshot(&one, &ImportOptions::default(), None).unwrap();
+    assert_eq!(imported.summary.device, 1);
+}
+
+#[test]
+fn a_replays_own_snapshot_imports_back_to_the_same_figures() {
+    let original = load(GPT2).unwrap();
+    let setup = cuda_setup(&original);
+    let observe = Observe {
+        history: Some(1 << 20),
+        ..Observe::default()
+    };
+    let (report, observed) = replay_observed(&original, &setup, None, &observe).unwrap();
+    let end = observed.end.unwrap();
+    let mut snapshot = Snapshot::new(Some(&end.conf));
+    snapshot.add_device(0, &end.segments, &end.history).unwrap();
+    // Through the pickle and back.
+    let snapshot = alloc_snapshot::read(&snapshot.to_pickle().unwrap())
+        .unwrap()
+        .snapshot;
+    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
+    // The history began with the trace, so nothing predates it.
+    assert_eq!(imported.summary.prologue, 0);
+    assert_eq!(imported.summary.allocs, report.counts.allocs);
+    assert_eq!(imported.summary.frees, report.counts.frees);
+    assert_eq!(imported.summary.skipped.get("segment_alloc"), Some(&240));
+    let again = replay(&imported.trace, &cuda_setup(&imported.trace)).unwrap();
+    assert_eq!(
+        again.end.stats.reserved_bytes.all.peak,
+        report.end.stats.reserved_bytes.all.peak
+    );
+    assert_eq!(again.end.stats.segment.all.current, 240);
+    assert_eq!(
+        again.end.stats.allocated_bytes.all.current,
+        report.end.stats.allocated_bytes.all.current
+    );
+}

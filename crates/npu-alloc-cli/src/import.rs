@@ -1,0 +1,104 @@
+//! `npu-alloc import-snapshot`: a PyTorch memory snapshot (`torch.cuda.memory._dump_snapshot`,
+//! torch_npu's or npu-alloc's own) as a `.trace` that `replay` runs. The pickle is read by
+//! npu-alloc's own reader, which accepts plain data only and runs nothing in the file.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use alloc_trace::{ImportOptions, import_snapshot};
+
+use crate::replay::parse_size_arg;
+
+/// Histories with at least this many entries show progress on a terminal.
+const PROGRESS_FROM: usize = 200_000;
+
+/// Arguments of `npu-alloc import-snapshot`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// The snapshot (a pickle written by `torch.cuda.memory._dump_snapshot` or `replay
+    /// --snapshot`).
+    snapshot: PathBuf,
+    /// Where to write the trace.
+    #[arg(short, long, value_name = "OUT.trace")]
+    output: PathBuf,
+    /// The device whose history to import (default: the one with the longest history).
+    #[arg(long)]
+    device: Option<i64>,
+    /// The device capacity to write into the trace (bytes, or with a K/M/G suffix): PyTorch's
+    /// snapshots do not record it.
+    #[arg(long, value_parser = parse_size_arg)]
+    capacity: Option<u64>,
+}
+
+/// Runs `npu-alloc import-snapshot`.
+pub(crate) fn run(args: Args) -> ExitCode {
+    let read = match alloc_snapshot::read_file(&args.snapshot) {
+        Ok(read) => read,
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.snapshot.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    for w in &read.warnings {
+        eprintln!("warning: {}: {w}", args.snapshot.display());
+    }
+    let entries: usize = read.snapshot.device_traces.iter().map(Vec::len).sum();
+    let bar = (entries >= PROGRESS_FROM && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(entries as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "importing {bar:40} {human_pos}/{human_len} entries, {eta} left",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    });
+    let tick = |done: u64| {
+        if let Some(bar) = &bar {
+            bar.set_position(done);
+        }
+    };
+    let options = ImportOptions {
+        device: args.device,
+        capacity: args.capacity,
+    };
+    let imported = import_snapshot(
+        &read.snapshot,
+        &options,
+        bar.is_some().then_some(&tick as &dyn Fn(u64)),
+    );
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let imported = match imported {
+        Ok(imported) => imported,
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.snapshot.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let source = args.snapshot.file_name().map_or_else(
+        || args.snapshot.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    if let Err(e) = std::fs::write(&args.output, imported.to_text(&source)) {
+        eprintln!("error: cannot write {}: {e}", args.output.display());
+        return ExitCode::FAILURE;
+    }
+    let s = &imported.summary;
+    eprintln!(
+        "wrote {}: device {}, {} prologue allocations, {} alloc, {} free ({} delayed), {} streams",
+        args.output.display(),
+        s.device,
+        s.prologue,
+        s.allocs,
+        s.frees,
+        s.delayed_frees,
+        s.streams.len() as u64 + s.extra_streams
+    );
+    for (what, n) in &s.warnings {
+        eprintln!("warning: left out {n} × {what}");
+    }
+    ExitCode::SUCCESS
+}
