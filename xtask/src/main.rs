@@ -1,7 +1,7 @@
 //! `cargo xtask`: developer and CI commands for npu-alloc.
 //!
 //! One binary with a subcommand per job (matklad's xtask pattern); each job lives in its own module.
-//! The user commands (`replay`, `conf`, `stress`, `import-snapshot`) belong to the `npu-alloc` tool; here they are
+//! The user commands (`replay`, `conf`, `stress`, `import-snapshot`, `tune`) belong to the `npu-alloc` tool; here they are
 //! aliases that forward their arguments to it, so `cargo xtask replay ...` works in a checkout.
 
 mod bench;
@@ -46,6 +46,9 @@ enum Command {
     /// `npu-alloc import-snapshot`: convert a PyTorch memory snapshot into a `.trace`.
     #[command(disable_help_flag = true)]
     ImportSnapshot(Forwarded),
+    /// `npu-alloc tune`: recommend the alloc-conf that fits a workload, from its trace.
+    #[command(disable_help_flag = true)]
+    Tune(Forwarded),
     /// Run npu-runtime's loom models (`--cfg loom`, release, bounded preemptions).
     Loom(loom::Args),
     /// Run the criterion benches and print each case as a ratio to its baseline.
@@ -86,6 +89,7 @@ fn main() -> ExitCode {
         }
         Command::Stress(args) => forward("stress", args),
         Command::ImportSnapshot(args) => forward("import-snapshot", args),
+        Command::Tune(args) => forward("tune", args),
         Command::Loom(args) => loom::run(args),
         Command::TestHw(args) => test_hw::run(args),
         Command::Bench(args) => bench::run(args),

@@ -31,6 +31,36 @@ pub(crate) struct Args {
     capacity: Option<u64>,
 }
 
+/// Whether `path` holds a pickle (a snapshot) rather than `.trace` text: pickles of protocol 2
+/// and later start with the PROTO opcode, 0x80, which no text trace does.
+pub(crate) fn is_pickle(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut first = [0u8; 1];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut first))
+        .is_ok_and(|()| first[0] == 0x80)
+}
+
+/// A `.trace`, or a PyTorch snapshot imported on the fly (device with the longest history);
+/// problems are printed to stderr.
+pub(crate) fn load_trace(path: &std::path::Path) -> Option<alloc_trace::Trace> {
+    if !is_pickle(path) {
+        return alloc_trace::load(path).map_err(|e| eprintln!("{e}")).ok();
+    }
+    let read = alloc_snapshot::read_file(path)
+        .map_err(|e| eprintln!("error: {}: {e}", path.display()))
+        .ok()?;
+    for w in &read.warnings {
+        eprintln!("warning: {}: {w}", path.display());
+    }
+    let imported = import_snapshot(&read.snapshot, &ImportOptions::default(), None)
+        .map_err(|e| eprintln!("error: {}: {e}", path.display()))
+        .ok()?;
+    let mut trace = imported.trace;
+    trace.file = path.display().to_string();
+    Some(trace)
+}
+
 /// Runs `npu-alloc import-snapshot`.
 pub(crate) fn run(args: Args) -> ExitCode {
     let read = match alloc_snapshot::read_file(&args.snapshot) {

@@ -4,7 +4,8 @@
 //!   (`--check`: with every check of the stress engine after every operation);
 //! - `npu-alloc conf [STRING]`: parse an alloc-conf string (or the environment) and explain it;
 //! - `npu-alloc stress`: random operations, faults and misuse, every invariant checked;
-//! - `npu-alloc import-snapshot SNAPSHOT -o OUT.trace`: a PyTorch memory snapshot as a trace.
+//! - `npu-alloc import-snapshot SNAPSHOT -o OUT.trace`: a PyTorch memory snapshot as a trace;
+//! - `npu-alloc tune INPUT`: the alloc-conf that fits a workload, found by replaying it.
 //!
 //! Exit codes: 0 success; 1 the command ran and found a problem (a malformed trace, a replay
 //! that stopped, a failed check or stress run, a warning under `conf --strict`); 2 a malformed
@@ -20,6 +21,7 @@ mod out;
 mod plot;
 mod replay;
 mod stress;
+mod tune;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -53,10 +55,13 @@ enum Command {
     /// Convert a PyTorch memory snapshot (pickle) into a `.trace` that `replay` runs.
     #[command(after_help = EXIT_CODES)]
     ImportSnapshot(import::Args),
+    /// Recommend the alloc-conf that fits a workload, by replaying its trace or snapshot.
+    #[command(after_help = EXIT_CODES)]
+    Tune(tune::Args),
 }
 
 /// The subcommands, by name (for `cargo xtask`'s aliases).
-pub const SUBCOMMANDS: [&str; 4] = ["replay", "conf", "stress", "import-snapshot"];
+pub const SUBCOMMANDS: [&str; 5] = ["replay", "conf", "stress", "import-snapshot", "tune"];
 
 /// Parses a command line into `P`, or prints why not and returns the exit code: help and
 /// version go to stdout with success, a malformed command line exits 2. (xtask parses its own
@@ -85,5 +90,6 @@ pub fn main_with(args: impl IntoIterator<Item = impl Into<OsString> + Clone>) ->
         Command::Conf(args) => conf::run(args),
         Command::Stress(args) => stress::run(args),
         Command::ImportSnapshot(args) => import::run(args),
+        Command::Tune(args) => tune::run(args),
     }
 }

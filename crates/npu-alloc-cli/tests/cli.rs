@@ -345,3 +345,86 @@ fn import_refuses_a_pickle_that_would_run_code_naming_the_offset() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
 }
+
+#[test]
+fn tune_prints_a_recommendation_that_replays_to_its_numbers_and_parses_strictly() {
+    let fragment = shipped("fragment.trace");
+    let svg = temp_file("tune.svg", "");
+    let o = npu_alloc(&[
+        "tune",
+        &fragment,
+        "--evals",
+        "500",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("searched    500 configurations"), "{out}");
+    assert!(
+        out.contains("default   774.00 MiB      2.678     0        3      0  (defaults)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("peak reserved 298.00 MiB instead of 774.00 MiB (61.5% less)"),
+        "{out}"
+    );
+    let conf = out
+        .lines()
+        .find_map(|l| l.strip_prefix("export PYTORCH_NPU_ALLOC_CONF="))
+        .expect("the line to paste")
+        .to_owned();
+    let checked = npu_alloc(&["conf", &conf, "--strict"]);
+    assert_eq!(checked.status.code(), Some(0), "{}", stdout(&checked));
+    let replayed = npu_alloc(&["replay", &fragment, "--conf", &conf]);
+    assert!(
+        stdout(&replayed).contains("peak reserved       298.00 MiB (312475648 bytes)"),
+        "{}",
+        stdout(&replayed)
+    );
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("fragment.trace: defaults vs recommendation"));
+    assert!(svg.contains(&format!("reserved: {conf}")));
+    // JSON gives the same as data.
+    let o = npu_alloc(&["tune", &fragment, "--evals", "500", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["best"]["conf"], conf.as_str());
+    assert_eq!(v["best"]["peak_reserved"], 312_475_648);
+    assert_eq!(v["default"]["peak_reserved"], 811_597_824);
+    assert_eq!(
+        v["export"],
+        format!("PYTORCH_NPU_ALLOC_CONF={conf}").as_str()
+    );
+    assert_eq!(v["evals"], 500);
+    // A key tune does not search is a malformed command line.
+    assert_eq!(
+        npu_alloc(&["tune", &fragment, "--keys", "bogus"])
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[test]
+fn tune_reads_a_pytorch_snapshot_and_says_when_nothing_fits() {
+    let magma = shipped("magma27_memory_snapshot.pickle");
+    let o = npu_alloc(&["tune", &magma, "--pad", "0", "--evals", "40", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["default"]["peak_reserved"], 14_088_667_136u64);
+    assert_eq!(v["evals"], 40);
+    let o = npu_alloc(&[
+        "tune",
+        &shipped("fragment.trace"),
+        "--capacity",
+        "100M",
+        "--evals",
+        "50",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("no configuration fits in 100.00 MiB"),
+        "{}",
+        stdout(&o)
+    );
+}

@@ -1,0 +1,270 @@
+//! `npu-alloc tune`: the alloc-conf that fits a workload, from its trace or PyTorch snapshot,
+//! found by replaying it under candidate configurations (`alloc-tune`).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use alloc_core::FormatSize;
+use alloc_trace::{Observe, Setup};
+use alloc_tune::{DEFAULT_EVALS, Eval, Key, Options, Outcome, Target};
+use serde_json::json;
+
+use crate::out::say;
+use crate::plot;
+use crate::replay::parse_size_arg;
+
+/// Arguments of `npu-alloc tune`.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// A `.trace` file, or a PyTorch memory snapshot (pickle), imported on the fly.
+    input: PathBuf,
+    /// Device capacity (bytes, or with a K/M/G suffix); default: the trace's own.
+    #[arg(long, value_parser = parse_size_arg)]
+    capacity: Option<u64>,
+    /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA); default: the trace's.
+    #[arg(long, value_parser = parse_size_arg)]
+    pad: Option<u64>,
+    /// The keys to search, comma-separated (default: all of them).
+    #[arg(long, value_delimiter = ',', value_parser = parse_key)]
+    keys: Option<Vec<Key>>,
+    /// The most configurations to replay (the search is bounded by this, never by time).
+    #[arg(long, default_value_t = DEFAULT_EVALS)]
+    evals: usize,
+    /// Whose allocator to recommend for: npu-alloc, or torch_npu (only what it treats alike).
+    #[arg(long, default_value = "npu-alloc", value_parser = parse_target)]
+    target: Target,
+    /// Stop after this many seconds; the answer then depends on the machine's speed.
+    #[arg(long)]
+    max_seconds: Option<f64>,
+    /// Worker threads (default: one per core); the answer is the same for any number.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Overlay the memory curves of the default and of the recommendation in this SVG file.
+    #[arg(long, value_name = "OUT.svg")]
+    plot: Option<PathBuf>,
+}
+
+fn parse_key(s: &str) -> Result<Key, String> {
+    Key::from_name(s.trim()).ok_or_else(|| {
+        let names: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
+        format!("`{s}` is not a key tune searches: {}", names.join(", "))
+    })
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    match s {
+        "npu-alloc" => Ok(Target::NpuAlloc),
+        "torch_npu" => Ok(Target::TorchNpu),
+        _ => Err(format!("`{s}` is not a target: npu-alloc or torch_npu")),
+    }
+}
+
+/// How a configuration is shown: `(defaults)` for the empty string.
+fn shown(conf: &str) -> &str {
+    if conf.is_empty() { "(defaults)" } else { conf }
+}
+
+/// Runs `npu-alloc tune`.
+pub(crate) fn run(args: Args) -> ExitCode {
+    let Some(trace) = crate::import::load_trace(&args.input) else {
+        return ExitCode::FAILURE;
+    };
+    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(args.evals as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "tuning {bar:40} {pos}/{len} configurations, {elapsed}",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    });
+    let progress = |done: usize, _budget: usize| {
+        if let Some(bar) = &bar {
+            bar.set_position(done as u64);
+        }
+    };
+    let options = Options {
+        capacity: args.capacity,
+        pad: args.pad,
+        keys: args.keys.clone().unwrap_or_else(|| Key::ALL.to_vec()),
+        evals: args.evals.max(1),
+        target: args.target,
+        max_seconds: args.max_seconds,
+        progress: Some(&progress),
+    };
+    let start = std::time::Instant::now();
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads.unwrap_or(0))
+        .build()
+    {
+        Ok(pool) => pool,
+        Err(e) => {
+            eprintln!("error: cannot start the worker threads: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let outcome = pool.install(|| alloc_tune::tune(&trace, &options));
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    if args.json {
+        say!("{}", to_json(&outcome, seconds, pool.current_num_threads()));
+    } else {
+        print_table(&args, &outcome, seconds, pool.current_num_threads());
+    }
+    if let Some(out) = &args.plot {
+        if let Err(e) = draw(&trace, &options, &outcome, out) {
+            eprintln!("error: --plot {}: {e}", out.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("wrote {}", out.display());
+    }
+    ExitCode::SUCCESS
+}
+
+fn row(e: &Eval) -> String {
+    format!(
+        "{:>12} {:>10.3} {:>5} {:>8} {:>6}  {}",
+        FormatSize(e.peak_reserved).to_string(),
+        e.reserved_per_requested(),
+        e.ooms,
+        e.device_mallocs,
+        e.device_frees,
+        shown(&e.conf)
+    )
+}
+
+fn print_table(args: &Args, o: &Outcome, seconds: f64, threads: usize) {
+    say!(
+        "input       {} (capacity {}, pad {} bytes)",
+        args.input.display(),
+        FormatSize(o.capacity),
+        o.pad
+    );
+    say!(
+        "searched    {} configurations in {seconds:.1} s on {threads} threads (target {})",
+        o.evals,
+        match args.target {
+            Target::NpuAlloc => "npu-alloc",
+            Target::TorchNpu => "torch_npu",
+        }
+    );
+    if o.stopped_early {
+        say!("            stopped by --max-seconds: another machine may give another answer");
+    }
+    say!();
+    say!("        peak resv  resv/req  OOMs  mallocs  frees  configuration");
+    say!("default {}", row(&o.default));
+    for (i, e) in o.ranked.iter().take(5).enumerate() {
+        say!("#{:<6} {}", i + 1, row(e));
+    }
+    say!();
+    let best = o.best();
+    if !best.fits() {
+        say!(
+            "no configuration fits in {}: the fewest out-of-memory errors ({}) come with {}",
+            FormatSize(o.capacity),
+            best.ooms,
+            shown(&best.conf)
+        );
+        return;
+    }
+    if !o.default.fits() {
+        say!(
+            "the defaults run out of memory {} times in {}; {} fits",
+            o.default.ooms,
+            FormatSize(o.capacity),
+            shown(&best.conf)
+        );
+    }
+    if best.conf.is_empty() {
+        say!("the defaults are best; nothing to set:");
+        say!("unset PYTORCH_NPU_ALLOC_CONF");
+    } else {
+        if o.default.fits() {
+            say!(
+                "peak reserved {} instead of {} ({:.1}% less)",
+                FormatSize(best.peak_reserved),
+                FormatSize(o.default.peak_reserved),
+                100.0 * (1.0 - best.peak_reserved as f64 / o.default.peak_reserved.max(1) as f64)
+            );
+        }
+        say!("export PYTORCH_NPU_ALLOC_CONF={}", best.conf);
+    }
+}
+
+fn eval_json(e: &Eval) -> serde_json::Value {
+    json!({
+        "conf": e.conf,
+        "peak_reserved": e.peak_reserved,
+        "peak_requested": e.peak_requested,
+        "reserved_per_requested": e.reserved_per_requested(),
+        "ooms": e.ooms,
+        "device_mallocs": e.device_mallocs,
+        "device_frees": e.device_frees,
+        "fits": e.fits(),
+    })
+}
+
+fn to_json(o: &Outcome, seconds: f64, threads: usize) -> serde_json::Value {
+    let best = o.best();
+    json!({
+        "capacity": o.capacity,
+        "pad": o.pad,
+        "evals": o.evals,
+        "seconds": seconds,
+        "threads": threads,
+        "stopped_early": o.stopped_early,
+        "default": eval_json(&o.default),
+        "best": eval_json(best),
+        "top": o.ranked.iter().take(5).map(eval_json).collect::<Vec<_>>(),
+        "export": best.fits().then(|| format!("PYTORCH_NPU_ALLOC_CONF={}", best.conf)),
+    })
+}
+
+fn draw(
+    trace: &alloc_trace::Trace,
+    options: &Options<'_>,
+    o: &Outcome,
+    out: &std::path::Path,
+) -> Result<(), String> {
+    let observe = Observe {
+        series: true,
+        ..Observe::default()
+    };
+    let mut runs = Vec::new();
+    for conf in [&o.default.conf, &o.best().conf] {
+        let setup = Setup::from_trace(
+            trace,
+            alloc_conf::parse(conf).conf,
+            options.capacity,
+            options.pad,
+        );
+        let (_, observed) = alloc_trace::replay_observed(trace, &setup, None, &observe)
+            .map_err(|f| f.error.to_string())?;
+        runs.push((conf.clone(), observed.series));
+    }
+    let curves: Vec<plot::Curves<'_>> = runs
+        .iter()
+        .map(|(conf, points)| plot::Curves {
+            label: shown(conf),
+            points,
+        })
+        .collect();
+    let name = trace.file.rsplit('/').next().unwrap_or(&trace.file);
+    plot::draw(out, &format!("{name}: defaults vs recommendation"), &curves)
+        .map_err(|e| e.to_string())
+}
