@@ -34,7 +34,12 @@ fn options() -> Options<'static> {
 
 /// The replayed figures of `conf`, as `replay` reports them.
 fn replayed(trace: &Trace, conf: &str, capacity: Option<u64>) -> Eval {
-    let setup = Setup::from_trace(trace, alloc_conf::parse_strict(conf).unwrap(), capacity, None);
+    let setup = Setup::from_trace(
+        trace,
+        alloc_conf::parse_strict(conf).unwrap(),
+        capacity,
+        None,
+    );
     let report = replay(trace, &setup).unwrap();
     let s = &report.end.stats;
     Eval {
@@ -97,7 +102,12 @@ fn every_configuration_tried_parses_strictly_without_a_warning() {
     let o = run(&fragment(), options(), 2);
     for e in &o.ranked {
         let parsed = alloc_conf::parse(&e.conf);
-        assert!(parsed.warnings.is_empty(), "{}: {:?}", e.conf, parsed.warnings);
+        assert!(
+            parsed.warnings.is_empty(),
+            "{}: {:?}",
+            e.conf,
+            parsed.warnings
+        );
         assert!(alloc_conf::parse_strict(&e.conf).is_ok(), "{}", e.conf);
         // Canonical: parsing and writing back gives the same string (`True`, not `true`).
         assert_eq!(parsed.conf.to_string(), e.conf);
@@ -126,7 +136,12 @@ fn for_torch_npu_gc_comes_with_a_fraction_and_page_size_never_with_a_split_cap()
     for e in &o.ranked {
         let gc = e.conf.contains("garbage_collection_threshold:");
         with_gc += usize::from(gc);
-        assert_eq!(gc, e.conf.contains("per_process_memory_fraction:"), "{}", e.conf);
+        assert_eq!(
+            gc,
+            e.conf.contains("per_process_memory_fraction:"),
+            "{}",
+            e.conf
+        );
         assert!(
             !(e.conf.contains("page_size:") && e.conf.contains("max_split_size_mb:")),
             "{}",
