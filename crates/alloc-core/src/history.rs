@@ -4,8 +4,8 @@
 //!
 //! Off by default; while off the hot path pays one predictable branch per event site. The core
 //! has no clock: the caller sets the time of the next events with
-//! [`Allocator::set_time`] (the runtime from a monotonic clock, the replayer the operation's
-//! index), and may attach an opaque context (the runtime's stack frames) with
+//! [`Allocator::set_time`] (the replayer: the operation's index) or hands it a clock read for
+//! each entry with [`Allocator::set_clock`] (the runtime: a monotonic clock), and may attach an opaque context (the runtime's stack frames) with
 //! [`Allocator::set_context`].
 
 use alloc::boxed::Box;
@@ -100,6 +100,8 @@ pub(crate) struct History<S> {
     dropped: u64,
     /// The time and context of the next entries.
     now: u64,
+    /// The caller's clock, read for each entry instead of `now` when set.
+    clock: Option<fn() -> u64>,
     context: Option<Context>,
 }
 
@@ -124,6 +126,7 @@ impl<D: Device> Allocator<D> {
                         max,
                         dropped: 0,
                         now: 0,
+                        clock: None,
                         context: None,
                     })
                 });
@@ -141,6 +144,15 @@ impl<D: Device> Allocator<D> {
     pub fn set_time(&mut self, time_us: u64) {
         if let Some(h) = &mut self.history {
             h.now = time_us;
+        }
+    }
+
+    /// A clock of the caller's (microseconds), read once per recorded entry while history is on,
+    /// so that a caller with a clock pays nothing per operation when history is off; `None`
+    /// goes back to [`Allocator::set_time`]'s value. Forgotten when history is turned off.
+    pub fn set_clock(&mut self, clock: Option<fn() -> u64>) {
+        if let Some(h) = &mut self.history {
+            h.clock = clock;
         }
     }
 
@@ -194,7 +206,7 @@ impl<D: Device> Allocator<D> {
             addr,
             size,
             stream,
-            time_us: h.now,
+            time_us: h.clock.map_or(h.now, |clock| clock()),
             context: h.context.clone(),
         });
     }

@@ -142,20 +142,16 @@ impl<D: Device> DeviceAllocator<D> {
         }
     }
 
-    /// The allocator, locked; while it records history, stamped with the time of what the
-    /// caller does next.
-    #[inline]
     fn lock(&self) -> MutexGuard<'_, Allocator<Shared<D>>> {
-        let mut allocator = self.inner.lock();
-        if allocator.recording_history() {
-            allocator.set_time(crate::history::now_us());
-        }
-        allocator
+        self.inner.lock()
     }
 
-    /// `_record_memory_history` on this device: `Some(max_entries)` or off.
+    /// `_record_memory_history` on this device: `Some(max_entries)` or off. Entries are
+    /// stamped by the runtime's clock, read only when one is recorded.
     pub(crate) fn set_history(&self, max_entries: Option<usize>) {
-        self.lock().record_history(max_entries);
+        let mut allocator = self.lock();
+        allocator.record_history(max_entries);
+        allocator.set_clock(Some(crate::history::now_us));
     }
 
     /// Adds this device's segments and history, taken under one lock, to `snapshot`; the
