@@ -6,6 +6,12 @@
 //!   split, no stats: the least a best-fit cache can do; see `testkit::paired`).
 //! - `core_hit_scaling/N`: the pair with N cached blocks interleaved with the pair with 16.
 //! - `offset_allocator/N`: the `offset-allocator` crate (TLSF-style, O(1)) with N blocks live.
+//! - `core_hit_fenced/N`: the pair on an allocator that really holds N cached blocks (each freed
+//!   block between live ones, counted from a snapshot at set-up), timed interleaved with the
+//!   same pair on `offset-allocator` holding the same population (`offset_allocator_fenced/N`).
+//!   `core_hit/N` above holds far fewer free blocks than N (they merge, or the next allocation
+//!   of their size takes them): read it as split/merge churn.
+//! - `core_hit_fenced_scaling/65536`: the fenced pair at 65,536 blocks against 256.
 //! - `core_split_merge`: a request carved from a larger cached block and merged back on free.
 //! - `core_miss`: a miss that goes to the device, then `empty_cache` returns the segment.
 //!
@@ -18,7 +24,10 @@ use std::hint::black_box;
 
 use alloc_core::{AllocConf, Allocator, DeviceFacts};
 use alloc_sim::{SimDevice, SimStream};
-use alloc_trace::workload::{BestFit, cached_allocator, hit_size};
+use alloc_trace::workload::{
+    BestFit, cached_allocator, fenced_allocator, fenced_free_blocks, fenced_offset_allocator,
+    hit_size, offset_units,
+};
 use criterion::{Criterion, criterion_group, criterion_main};
 use testkit::Paired;
 
@@ -93,6 +102,40 @@ fn hits(c: &mut Criterion) {
     }
 }
 
+fn fenced(c: &mut Criterion) {
+    let (mut core256, _live256) = fenced_allocator(256);
+    for n in BLOCKS {
+        let (mut alloc, _live) = fenced_allocator(n);
+        assert_eq!(
+            fenced_free_blocks(&alloc),
+            n,
+            "the set-up holds {n} cached blocks"
+        );
+        let mut oa = fenced_offset_allocator(n);
+        paired(
+            c,
+            &format!("core_hit_fenced/{n}"),
+            &format!("offset_allocator_fenced/{n}"),
+            |i| core_pair(&mut alloc, i),
+            |i| {
+                let a = oa
+                    .allocate(black_box(offset_units(hit_size(i as usize))))
+                    .unwrap();
+                oa.free(black_box(a));
+            },
+        );
+        if n == 65536 {
+            paired(
+                c,
+                &format!("core_hit_fenced_scaling/{n}"),
+                "core_hit_fenced/256",
+                |i| core_pair(&mut alloc, i),
+                |i| core_pair(&mut core256, i),
+            );
+        }
+    }
+}
+
 fn split_merge(c: &mut Criterion) {
     let mut alloc = Allocator::new(
         SimDevice::new(1 << 40),
@@ -128,6 +171,6 @@ fn miss(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = hits, split_merge, miss
+    targets = hits, fenced, split_merge, miss
 }
 criterion_main!(benches);

@@ -58,6 +58,89 @@ pub fn cached_allocator(cached: usize) -> (Allocator<SimDevice>, Vec<u64>) {
     (alloc, live)
 }
 
+/// An allocator (CUDA parity, no pad) that really holds `cached` free blocks of mixed sizes: for
+/// each `j`, a block of `hit_size(j)` and, right after it, a live fence of the same size; then
+/// every block is freed. No freed block touches another free block, so none merges, and a hit of
+/// `hit_size(i)` takes one whole (the lowest-address block of its size) and puts it back.
+/// Returns the allocator and what stays live (fences, and fillers). [`fenced_free_blocks`]
+/// counts the cache.
+pub fn fenced_allocator(cached: usize) -> (Allocator<SimDevice>, Vec<u64>) {
+    let mut alloc = Allocator::new(
+        SimDevice::new(u64::MAX / 2),
+        &AllocConf::default(),
+        DeviceFacts::cuda_parity(0),
+    );
+    let mut blocks = Vec::with_capacity(cached);
+    let mut fences = Vec::with_capacity(cached);
+    for j in 0..cached {
+        let size = hit_size(j);
+        // The fence must follow its block in the same segment (a block of 10 MiB or more has a
+        // segment of its own). When the block took a segment's last room and the fence went to
+        // another segment, both stay live as fillers and the pair is tried again.
+        loop {
+            let block = alloc
+                .malloc(size, SimStream(0))
+                .expect("capacity is unlimited");
+            let fence = alloc
+                .malloc(size, SimStream(0))
+                .expect("capacity is unlimited");
+            fences.push(fence);
+            if size >= 10 * MIB || fence == block + size {
+                blocks.push(block);
+                break;
+            }
+            fences.push(block);
+        }
+    }
+    for b in blocks {
+        alloc.free(b).expect("just allocated");
+    }
+    (alloc, fences)
+}
+
+/// Free blocks with a live block after them, or alone in their segment: the cached blocks a hit
+/// takes whole. A segment's free tail is not one of them.
+pub fn fenced_free_blocks<D: alloc_core::Device>(alloc: &Allocator<D>) -> usize {
+    use alloc_core::BlockState;
+    alloc
+        .snapshot()
+        .iter()
+        .map(|seg| {
+            let b = &seg.blocks;
+            (0..b.len())
+                .filter(|&i| {
+                    b[i].state == BlockState::Inactive
+                        && (b.len() == 1
+                            || b.get(i + 1)
+                                .is_some_and(|n| n.state != BlockState::Inactive))
+                })
+                .count()
+        })
+        .sum()
+}
+
+/// offset-allocator (4 KiB units) with the population of [`fenced_allocator`]: `cached` free
+/// blocks of `hit_size(j)`, each followed by a live one.
+pub fn fenced_offset_allocator(cached: usize) -> offset_allocator::Allocator<u32> {
+    let mut oa =
+        offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, 2 * cached as u32 + 16);
+    let mut blocks = Vec::with_capacity(cached);
+    for j in 0..cached {
+        let units = offset_units(hit_size(j));
+        blocks.push(oa.allocate(units).expect("room for every block"));
+        let _fence = oa.allocate(units).expect("room for every fence");
+    }
+    for b in blocks {
+        oa.free(b);
+    }
+    oa
+}
+
+/// A size in offset-allocator's 4 KiB units (u32 units keep 2N blocks of up to 64 MiB in range).
+pub fn offset_units(size: u64) -> u32 {
+    size.div_ceil(4096) as u32
+}
+
 /// A bare best-fit cache: an ordered set of free (size, address) and a hash map of live blocks.
 /// No streams, no split, no stats. The baseline every hit figure is divided by.
 #[derive(Debug, Default)]
@@ -156,6 +239,32 @@ mod tests {
             alloc.free(p).unwrap();
         }
         assert_eq!(alloc.device().successful_mallocs(), before);
+    }
+
+    #[test]
+    fn fenced_allocators_hold_exactly_the_blocks_they_name() {
+        for n in [16, 256, 4096] {
+            let (mut alloc, live) = fenced_allocator(n);
+            assert!(live.len() >= n);
+            assert_eq!(fenced_free_blocks(&alloc), n);
+            alloc_sim::check_consistency(&alloc).unwrap();
+            // A pair takes a whole cached block and puts it back: no split, no merge, no miss.
+            let before = alloc.device().successful_mallocs();
+            for i in 0..40 {
+                let p = alloc.malloc(hit_size(i), SimStream(0)).unwrap();
+                assert_eq!(fenced_free_blocks(&alloc), n - 1);
+                alloc.free(p).unwrap();
+            }
+            assert_eq!(fenced_free_blocks(&alloc), n);
+            assert_eq!(alloc.device().successful_mallocs(), before);
+        }
+        // The old set-up holds far fewer free blocks than it names (they merge or are reused).
+        let (alloc, _live) = cached_allocator(4096);
+        assert!(
+            fenced_free_blocks(&alloc) < 64,
+            "{}",
+            fenced_free_blocks(&alloc)
+        );
     }
 
     #[test]
