@@ -1,0 +1,120 @@
+//! Status codes, the thread-local last error, and the guard every export runs in.
+
+use std::cell::RefCell;
+use std::fmt::Display;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use npu_runtime::{AclError, RuntimeError};
+
+/// What a direct entry point returns: 0 for success, a negative code otherwise, with the text
+/// in `npu_alloc_last_error`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NpuAllocStatus {
+    /// Success.
+    Ok = 0,
+    /// A null pointer where one is required, a device out of range, a fraction outside
+    /// [0, 1] (NaN included), a string that is not UTF-8.
+    InvalidArgument = -1,
+    /// Out of memory after torch's whole retry chain (torch_npu's message in the last error).
+    OutOfMemory = -2,
+    /// A pointer this library did not return, or one already freed.
+    UnknownPointer = -3,
+    /// An ACL call failed (its code and name in the last error).
+    DeviceError = -4,
+    /// The caller's buffer is too small; the needed length was written.
+    BufferTooSmall = -5,
+    /// The library could not start: `libascendcl.so` was not found or `aclInit` failed.
+    NotInitialized = -6,
+    /// A private-pool or memory-saver call was refused (unknown or released pool, paused tag,
+    /// a scope that is not open, ...).
+    Refused = -7,
+    /// A file could not be written.
+    IoError = -8,
+    /// npu-alloc panicked; nothing crossed the boundary, and the state is as the lock left it.
+    Panic = -9,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+/// Records `message` as this thread's last error.
+pub(crate) fn set_last_error(message: impl Display) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = message.to_string());
+}
+
+/// This thread's last error ("" when none).
+pub(crate) fn last_error() -> String {
+    LAST_ERROR.with(|e| e.borrow().clone())
+}
+
+/// A failure of an export: its status and message.
+pub(crate) struct Fail {
+    pub(crate) status: NpuAllocStatus,
+    pub(crate) message: String,
+}
+
+impl Fail {
+    pub(crate) fn new(status: NpuAllocStatus, message: impl Display) -> Fail {
+        Fail {
+            status,
+            message: message.to_string(),
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Display) -> Fail {
+        Fail::new(NpuAllocStatus::InvalidArgument, message)
+    }
+}
+
+impl From<RuntimeError<AclError>> for Fail {
+    fn from(e: RuntimeError<AclError>) -> Fail {
+        use alloc_core::{AllocError, FreeError};
+        let status = match &e {
+            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. }) => {
+                NpuAllocStatus::OutOfMemory
+            }
+            RuntimeError::Free(
+                FreeError::ForeignPointer { .. } | FreeError::NotAllocated { .. },
+            ) => NpuAllocStatus::UnknownPointer,
+            RuntimeError::InvalidDevice { .. } | RuntimeError::Fraction(_) => {
+                NpuAllocStatus::InvalidArgument
+            }
+            RuntimeError::Pool(_) | RuntimeError::Saver(_) | RuntimeError::ScopeNotOpen => {
+                NpuAllocStatus::Refused
+            }
+            _ => NpuAllocStatus::DeviceError,
+        };
+        Fail::new(status, e)
+    }
+}
+
+/// Runs `f`, catching a panic; on failure records the message and returns the status.
+pub(crate) fn status(f: impl FnOnce() -> Result<(), Fail>) -> NpuAllocStatus {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NpuAllocStatus::Ok,
+        Ok(Err(fail)) => {
+            set_last_error(&fail.message);
+            fail.status
+        }
+        Err(_) => {
+            set_last_error("npu-alloc panicked; the call did nothing it did not finish");
+            NpuAllocStatus::Panic
+        }
+    }
+}
+
+/// Runs `f` for an export without a status (torch_npu's hooks): `fallback` on failure, with
+/// the last error set.
+pub(crate) fn or<T>(fallback: T, f: impl FnOnce() -> Result<T, Fail>) -> T {
+    let mut out = None;
+    let s = status(|| {
+        out = Some(f()?);
+        Ok(())
+    });
+    match (s, out) {
+        (NpuAllocStatus::Ok, Some(v)) => v,
+        _ => fallback,
+    }
+}

@@ -1,0 +1,440 @@
+//! The exported functions.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use alloc_core::PoolId;
+use npu_runtime::{NpuAllocator, Stream};
+
+use crate::error::{Fail, NpuAllocStatus, last_error, or, status};
+use crate::hook::synchronize_before_release;
+
+/// The process-wide runtime, made on first use; why not, if it could not be.
+pub(crate) fn runtime() -> Result<&'static NpuAllocator, Fail> {
+    static RUNTIME: OnceLock<Result<NpuAllocator, String>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| {
+            NpuAllocator::from_env().map_err(|e| {
+                format!("cannot start npu-alloc: {e} (set NPU_ALLOC_ACL_LIB to libascendcl.so)")
+            })
+        })
+        .as_ref()
+        .map_err(|e| Fail::new(NpuAllocStatus::NotInitialized, e))
+}
+
+fn device(device: c_int) -> Result<u32, Fail> {
+    u32::try_from(device).map_err(|_| Fail::invalid(format!("invalid device {device}")))
+}
+
+/// A C string argument as UTF-8.
+///
+/// # Safety
+/// `s` is null or points at a NUL-terminated string that stays valid for the call.
+unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
+    if s.is_null() {
+        return Err(Fail::invalid(format!("{what} is a null pointer")));
+    }
+    // SAFETY: non-null, and NUL-terminated by the caller's contract.
+    unsafe { CStr::from_ptr(s) }
+        .to_str()
+        .map_err(|e| Fail::invalid(format!("{what} is not UTF-8: {e}")))
+}
+
+/// An `aclrtStream` handle as the runtime's stream (NULL: the default stream).
+fn stream(s: *mut c_void) -> Stream {
+    // SAFETY: the handle comes from torch_npu or the caller as an `aclrtStream` (or NULL); the
+    // runtime passes it only to ACL calls that take a stream.
+    unsafe { Stream::from_raw(s) }
+}
+
+/// torch_npu's pluggable `alloc`: `size` bytes on `device` for use on `stream`. NULL for a
+/// zero-size request (no error) and on failure (the reason in the last error; for out of
+/// memory, torch_npu's message).
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    or(core::ptr::null_mut(), || {
+        if size == 0 {
+            return Ok(core::ptr::null_mut());
+        }
+        let d = self::device(device)?;
+        let addr = runtime()?.malloc(size as u64, d, self::stream(stream))?;
+        Ok(addr as usize as *mut c_void)
+    })
+}
+
+/// torch_npu's pluggable `free`. `size`, `device` and `stream` are what torch_npu recorded at
+/// allocation; the block is found by its address. NULL does nothing; a pointer this library did
+/// not return, or a double free, changes nothing and sets the last error (and warns on stderr
+/// once per thread).
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_free(
+    ptr: *mut c_void,
+    _size: usize,
+    _device: c_int,
+    _stream: *mut c_void,
+) {
+    let s = status(|| Ok(runtime()?.free(ptr as usize as u64)?));
+    if s != NpuAllocStatus::Ok {
+        thread_local!(static WARNED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) });
+        if !WARNED.with(|w| w.replace(true)) {
+            eprintln!("npu-alloc: npu_alloc_free: {}", last_error());
+        }
+    }
+}
+
+/// torch_npu's `init_fn(device_count)`: starts the runtime (loads ACL); nothing else to do.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_init(_device_count: c_int) {
+    or((), || runtime().map(|_| ()));
+}
+
+/// torch_npu's `reset_fn(check_error)`, called by `torch.npu.empty_cache()`: the synchronize
+/// hook, then `empty_cache`. Errors go to the last error (and stderr with `check_error`).
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_reset(check_error: bool) {
+    if npu_alloc_empty_cache() != NpuAllocStatus::Ok && check_error {
+        eprintln!("npu-alloc: empty_cache: {}", last_error());
+    }
+}
+
+/// torch_npu's `memory_fraction_fn(fraction, device)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_set_memory_fraction(fraction: f64, device: c_int) {
+    npu_alloc_set_per_process_memory_fraction(fraction, device);
+}
+
+/// torch_npu's `base_alloc_fn(ptr, size)`: the start of the segment holding `ptr`, and its size
+/// in `*size` (when `size` is not NULL); `ptr` itself when it is not a live allocation.
+///
+/// # Safety
+/// `size` is null or points at a writable `size_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_base_alloc(ptr: *mut c_void, size: *mut usize) -> *mut c_void {
+    or(ptr, || {
+        let addr = ptr as usize as u64;
+        let rt = runtime()?;
+        for d in 0..rt.device_count() {
+            for seg in rt.memory_snapshot(d)? {
+                if (seg.address..seg.address + seg.total_size).contains(&addr) {
+                    if !size.is_null() {
+                        // SAFETY: non-null and writable by the caller's contract.
+                        unsafe { *size = seg.total_size as usize };
+                    }
+                    return Ok(seg.address as usize as *mut c_void);
+                }
+            }
+        }
+        Ok(ptr)
+    })
+}
+
+/// torch_npu's `c10_npu::NPUStream`, as its record/erase hooks receive it (by invisible
+/// reference): `c10::Stream`'s device type, device index and stream id.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct NpuAllocStreamRepr {
+    /// `c10::DeviceType` (PrivateUse1 for NPU).
+    pub device_type: i8,
+    /// The device index.
+    pub device_index: i8,
+    /// torch_npu's stream id: not an `aclrtStream`.
+    pub stream_id: i64,
+}
+
+/// torch_npu's `record_stream_fn(ptr, stream)`. torch_npu hands an `NPUStream` whose id is not
+/// an `aclrtStream` handle, and npu-alloc records events on handles, so this hook only checks
+/// its arguments: call [`npu_alloc_record_stream_handle`] with the stream's handle (the Python
+/// package does, from `stream.npu_stream`).
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_record_stream(ptr: *mut c_void, stream: *const NpuAllocStreamRepr) {
+    or((), || {
+        if ptr.is_null() || stream.is_null() {
+            return Err(Fail::invalid("record_stream: null pointer"));
+        }
+        Ok(())
+    });
+}
+
+/// torch_npu's `erase_stream_fn(ptr, stream)`: torch's `eraseStream` undoes a `record_stream`
+/// for graph capture, which npu-alloc does not implement; a no-op.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_erase_stream(_ptr: *mut c_void, _stream: *const NpuAllocStreamRepr) {}
+
+/// `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is
+/// reused only after the work queued on `stream` when it is freed has completed.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_record_stream_handle(
+    ptr: *mut c_void,
+    stream: *mut c_void,
+) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.record_stream(ptr as usize as u64, self::stream(stream))?))
+}
+
+/// torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_reset_peak_stats(device: c_int) {
+    or((), || {
+        Ok(runtime()?.reset_peak_memory_stats(self::device(device)?)?)
+    });
+}
+
+/// `torch.npu.empty_cache()`: the synchronize hook (if set), then every whole free segment of
+/// every device goes back.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_empty_cache() -> NpuAllocStatus {
+    status(|| {
+        let rt = runtime()?;
+        synchronize_before_release(-1)?;
+        Ok(rt.empty_cache()?)
+    })
+}
+
+/// `memory_stats(device)` as a JSON object of torch's flat keys, NUL-terminated, into `buf`
+/// (`len` bytes). `*needed` (when not NULL) gets the length with the NUL; a buffer too small
+/// gets nothing and the status says so.
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes; `needed` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_memory_stats(
+    device: c_int,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> NpuAllocStatus {
+    status(|| {
+        let stats = runtime()?.memory_stats(self::device(device)?)?;
+        let map: serde_json::Map<String, serde_json::Value> =
+            stats.into_iter().map(|(k, v)| (k, v.into())).collect();
+        let json = serde_json::Value::Object(map).to_string();
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy_out(&json, buf, len, needed) }
+    })
+}
+
+/// Copies `text` and a NUL into `buf` if it fits; writes the needed length to `needed`.
+///
+/// # Safety
+/// As [`npu_alloc_memory_stats`].
+unsafe fn copy_out(
+    text: &str,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> Result<(), Fail> {
+    let want = text.len() + 1;
+    if !needed.is_null() {
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *needed = want };
+    }
+    if buf.is_null() || len < want {
+        return Err(Fail::new(
+            NpuAllocStatus::BufferTooSmall,
+            format!("the buffer holds {len} bytes; {want} are needed"),
+        ));
+    }
+    // SAFETY: `buf` is writable for `len >= want` bytes and does not overlap `text`.
+    unsafe {
+        core::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        *buf.add(text.len()) = 0;
+    }
+    Ok(())
+}
+
+/// This thread's last error as text, NUL-terminated, into `buf` (`len` bytes, truncated to fit;
+/// NULL only asks). Returns the length the whole text needs, with the NUL.
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_last_error(buf: *mut c_char, len: usize) -> usize {
+    let text = last_error();
+    if !buf.is_null() && len > 0 {
+        let n = text.len().min(len - 1);
+        // SAFETY: `buf` is writable for `len > n` bytes.
+        unsafe {
+            core::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+    }
+    text.len() + 1
+}
+
+/// `torch.npu.mem_get_info(device)`: free and total device memory.
+///
+/// # Safety
+/// `free` and `total` are writable `size_t`s.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_mem_get_info(
+    device: c_int,
+    free: *mut usize,
+    total: *mut usize,
+) -> NpuAllocStatus {
+    status(|| {
+        if free.is_null() || total.is_null() {
+            return Err(Fail::invalid("mem_get_info: null pointer"));
+        }
+        let (f, t) = runtime()?.mem_get_info(self::device(device)?)?;
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe {
+            *free = f as usize;
+            *total = t as usize;
+        }
+        Ok(())
+    })
+}
+
+/// `torch.npu.set_per_process_memory_fraction(fraction, device)`; NaN or outside [0, 1] is
+/// refused and changes nothing.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_set_per_process_memory_fraction(
+    fraction: f64,
+    device: c_int,
+) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.set_per_process_memory_fraction(fraction, self::device(device)?)?))
+}
+
+/// `torch.npu.memory._set_allocator_settings(settings)` on every device. Warnings about the
+/// string are logged once, as the runtime does.
+///
+/// # Safety
+/// `settings` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_set_allocator_settings(
+    settings: *const c_char,
+) -> NpuAllocStatus {
+    status(|| {
+        // SAFETY: forwarded from the caller's contract.
+        let s = unsafe { text(settings, "settings") }?;
+        runtime()?.set_allocator_settings(s);
+        Ok(())
+    })
+}
+
+/// `torch.npu.memory._record_memory_history(enabled, max_entries)`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_record_memory_history(
+    enabled: bool,
+    max_entries: usize,
+) -> NpuAllocStatus {
+    status(|| {
+        runtime()?.record_memory_history(enabled, max_entries);
+        Ok(())
+    })
+}
+
+/// `torch.npu.memory._dump_snapshot(path)`: a pickle PyTorch's memory_viz reads.
+///
+/// # Safety
+/// `path` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_dump_snapshot(path: *const c_char) -> NpuAllocStatus {
+    status(|| {
+        // SAFETY: forwarded from the caller's contract.
+        let p = unsafe { text(path, "path") }?;
+        runtime()?.dump_snapshot(Path::new(p)).map_err(|e| match e {
+            npu_runtime::DumpError::Runtime(e) => Fail::from(e),
+            npu_runtime::DumpError::Write(e) => Fail::new(NpuAllocStatus::IoError, e),
+        })
+    })
+}
+
+/// `torch.npu.MemPool()` on `device`: a private pool with use count 1; `*id` gets its number
+/// (torch's `MempoolId_t` is `(0, id)`).
+///
+/// # Safety
+/// `id` is a writable `uint64_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_mem_pool_create(device: c_int, id: *mut u64) -> NpuAllocStatus {
+    status(|| {
+        if id.is_null() {
+            return Err(Fail::invalid("mem_pool_create: null id"));
+        }
+        let pool = runtime()?.create_pool(self::device(device)?)?;
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *id = pool.1 };
+        Ok(())
+    })
+}
+
+/// `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_mem_pool_begin(device: c_int, id: u64) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.begin_use_pool(self::device(device)?, PoolId(0, id))?))
+}
+
+/// `use_mem_pool(pool).__exit__()`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_mem_pool_end(device: c_int, id: u64) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.end_use_pool(self::device(device)?, PoolId(0, id))?))
+}
+
+/// `del pool`: drops the hold of [`npu_alloc_mem_pool_create`] and empties the pool's cache.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_mem_pool_release(device: c_int, id: u64) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.release_pool(self::device(device)?, PoolId(0, id))?))
+}
+
+/// torch_memory_saver's `region(tag, enable_cpu_backup)` entered on this thread for `device`.
+///
+/// # Safety
+/// `tag` is a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_region_begin(
+    device: c_int,
+    tag: *const c_char,
+    cpu_backup: bool,
+) -> NpuAllocStatus {
+    status(|| {
+        // SAFETY: forwarded from the caller's contract.
+        let tag = unsafe { text(tag, "tag") }?;
+        runtime()?.begin_region(self::device(device)?, tag, cpu_backup)?;
+        Ok(())
+    })
+}
+
+/// Leaves this thread's innermost region on `device`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_region_end(device: c_int) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.end_region(self::device(device)?)?))
+}
+
+/// torch_memory_saver's `pause(tag)` (NULL: every tag) on every device, after the synchronize
+/// hook.
+///
+/// # Safety
+/// `tag` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_pause(tag: *const c_char) -> NpuAllocStatus {
+    status(|| {
+        let tag = if tag.is_null() {
+            None
+        } else {
+            // SAFETY: non-null, and NUL-terminated by the caller's contract.
+            Some(unsafe { text(tag, "tag") }?)
+        };
+        let rt = runtime()?;
+        synchronize_before_release(-1)?;
+        rt.pause(tag)?;
+        Ok(())
+    })
+}
+
+/// torch_memory_saver's `resume(tag)` (NULL: every paused tag) on every device.
+///
+/// # Safety
+/// `tag` is null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_resume(tag: *const c_char) -> NpuAllocStatus {
+    status(|| {
+        let tag = if tag.is_null() {
+            None
+        } else {
+            // SAFETY: non-null, and NUL-terminated by the caller's contract.
+            Some(unsafe { text(tag, "tag") }?)
+        };
+        runtime()?.resume(tag)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,110 @@
+/* Calls every export of include/npu_alloc.h over the fake libascendcl (2 devices of 1 GiB,
+ * set by the Rust test through FAKE_ACL_*); exits non-zero, naming the check, on the first
+ * failure. */
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "npu_alloc.h"
+
+static int hook_calls = 0;
+static int hook(int device) {
+  (void)device;
+  hook_calls++;
+  return npu_alloc_acl_synchronize(device);
+}
+
+#define CHECK(cond)                                                   \
+  do {                                                                \
+    if (!(cond)) {                                                    \
+      char err[512];                                                  \
+      npu_alloc_last_error(err, sizeof err);                          \
+      fprintf(stderr, "check failed: %s (last error: %s)\n", #cond, err); \
+      return 1;                                                       \
+    }                                                                 \
+  } while (0)
+
+int main(void) {
+  npu_alloc_init(2);
+  CHECK(npu_alloc_malloc(0, 0, NULL) == NULL);
+  void *a = npu_alloc_malloc(3 << 20, 0, NULL);
+  CHECK(a != NULL);
+  void *b = npu_alloc_malloc(1000, 1, NULL);
+  CHECK(b != NULL);
+
+  char stats[16384];
+  size_t needed = 0;
+  CHECK(npu_alloc_memory_stats(0, NULL, 0, &needed) == NpuAllocStatus_BufferTooSmall);
+  CHECK(needed > 100 && needed < sizeof stats);
+  CHECK(npu_alloc_memory_stats(0, stats, sizeof stats, &needed) == NpuAllocStatus_Ok);
+  /* 3 MiB + torch_npu's 32-byte pad, rounded to 512. */
+  CHECK(strstr(stats, "\"allocated_bytes.all.current\":3146240") != NULL);
+
+  size_t free_bytes = 0, total = 0;
+  CHECK(npu_alloc_mem_get_info(0, &free_bytes, &total) == NpuAllocStatus_Ok);
+  CHECK(total == (size_t)1 << 30);
+  CHECK(npu_alloc_mem_get_info(0, NULL, &total) == NpuAllocStatus_InvalidArgument);
+
+  size_t base_size = 0;
+  CHECK(npu_alloc_base_alloc(a, &base_size) == a);
+  CHECK(base_size == 20 << 20);
+
+  npu_alloc_record_stream(a, NULL); /* checked, refused: a null stream */
+  CHECK(npu_alloc_record_stream_handle(a, NULL) == NpuAllocStatus_Ok);
+  npu_alloc_erase_stream(a, NULL);
+
+  /* Errors: out of range, NaN, unknown pointer, double free, out of memory. */
+  CHECK(npu_alloc_malloc(1000, 7, NULL) == NULL);
+  CHECK(npu_alloc_set_per_process_memory_fraction(NAN, 0) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_set_per_process_memory_fraction(0.5, 0) == NpuAllocStatus_Ok);
+  npu_alloc_set_memory_fraction(1.0, 0);
+  npu_alloc_free((void *)0x1234, 8, 0, NULL);
+  char err[512];
+  CHECK(npu_alloc_last_error(err, sizeof err) > 1);
+  CHECK(strstr(err, "0x1234") != NULL);
+  npu_alloc_free(NULL, 0, 0, NULL);
+  CHECK(npu_alloc_malloc((size_t)8 << 30, 0, NULL) == NULL);
+  npu_alloc_last_error(err, sizeof err);
+  CHECK(strstr(err, "NPU out of memory") != NULL);
+
+  CHECK(npu_alloc_set_allocator_settings("max_split_size_mb:64") == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_set_allocator_settings(NULL) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_record_memory_history(true, 1000) == NpuAllocStatus_Ok);
+
+  uint64_t pool = 0;
+  CHECK(npu_alloc_mem_pool_create(0, &pool) == NpuAllocStatus_Ok);
+  CHECK(pool == 1);
+  CHECK(npu_alloc_mem_pool_begin(0, pool) == NpuAllocStatus_Ok);
+  void *p = npu_alloc_malloc(4096, 0, NULL);
+  CHECK(p != NULL);
+  CHECK(npu_alloc_mem_pool_end(0, pool) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_mem_pool_end(0, pool) == NpuAllocStatus_Refused);
+  npu_alloc_free(p, 4096, 0, NULL);
+  CHECK(npu_alloc_mem_pool_release(0, pool) == NpuAllocStatus_Ok);
+
+  CHECK(npu_alloc_region_begin(0, "kv", true) == NpuAllocStatus_Ok);
+  void *kv = npu_alloc_malloc(2 << 20, 0, NULL);
+  CHECK(kv != NULL);
+  CHECK(npu_alloc_region_end(0) == NpuAllocStatus_Ok);
+  npu_alloc_set_synchronize_hook(hook);
+  CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Ok);
+  CHECK(hook_calls == 1);
+  CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Refused); /* already paused */
+  CHECK(hook_calls == 2); /* the hook runs before the pause is judged */
+  CHECK(npu_alloc_resume(NULL) == NpuAllocStatus_Ok);
+  npu_alloc_free(kv, 2 << 20, 0, NULL);
+
+  CHECK(npu_alloc_dump_snapshot(getenv("SNAPSHOT_PATH")) == NpuAllocStatus_Ok);
+  npu_alloc_free(a, 3 << 20, 0, NULL);
+  npu_alloc_free(a, 3 << 20, 0, NULL); /* double free: refused, nothing changes */
+  npu_alloc_free(b, 1000, 1, NULL);
+  npu_alloc_reset_peak_stats(0);
+  npu_alloc_reset(true);
+  CHECK(hook_calls == 3);
+  CHECK(npu_alloc_empty_cache() == NpuAllocStatus_Ok);
+  npu_alloc_set_synchronize_hook(NULL);
+  CHECK(npu_alloc_acl_synchronize(-1) == 0);
+  printf("ok\n");
+  return 0;
+}

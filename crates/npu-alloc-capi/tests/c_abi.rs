@@ -1,0 +1,57 @@
+//! A C program compiled with the system `cc` against `include/npu_alloc.h`, linked with the
+//! cdylib and run over the fake libascendcl, calls every exported function.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use testkit::fake_acl::{Variant, fresh_copy};
+
+/// The cdylib cargo built next to this test (`<target>/<profile>/libnpu_alloc.so`).
+pub fn cdylib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    let lib = profile.join("libnpu_alloc.so");
+    assert!(lib.exists(), "{} is built with the crate", lib.display());
+    lib
+}
+
+#[test]
+fn a_c_program_calls_every_export() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let lib = cdylib();
+    let dir = fresh_copy(Variant::Full);
+    let exe = dir.join("smoke");
+    let cc = Command::new("cc")
+        .arg(root.join("crates/npu-alloc-capi/tests/c/smoke.c"))
+        .arg("-I")
+        .arg(root.join("include"))
+        .arg("-L")
+        .arg(lib.parent().unwrap())
+        .args(["-lnpu_alloc", "-lm", "-o"])
+        .arg(&exe)
+        .output()
+        .expect("cc runs (it is required on CI)");
+    assert!(
+        cc.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", lib.parent().unwrap())
+        .env("NPU_ALLOC_ACL_LIB", dir.join("libascendcl.so"))
+        .env("FAKE_ACL_CAPACITY", (1u64 << 30).to_string())
+        .env("FAKE_ACL_DEVICES", "2")
+        .env("SNAPSHOT_PATH", dir.join("c.pickle"))
+        .env_remove("PYTORCH_NPU_ALLOC_CONF")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&run.stdout), "ok\n");
+    let py = testkit::python_snapshot::read_with_python(&dir.join("c.pickle"));
+    assert_eq!(py.trace_lengths.len(), 2);
+}

@@ -1,0 +1,279 @@
+/* npu-alloc's C API. Generated from crates/npu-alloc-capi by cbindgen: do not edit.
+ * `aclrtStream` arguments are `void *`, as in ACL's headers. See docs/c-abi.md. */
+
+#ifndef NPU_ALLOC_H
+#define NPU_ALLOC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/**
+ * What a direct entry point returns: 0 for success, a negative code otherwise, with the text
+ * in `npu_alloc_last_error`.
+ */
+typedef enum NpuAllocStatus {
+  /**
+   * Success.
+   */
+  NpuAllocStatus_Ok = 0,
+  /**
+   * A null pointer where one is required, a device out of range, a fraction outside
+   * [0, 1] (NaN included), a string that is not UTF-8.
+   */
+  NpuAllocStatus_InvalidArgument = -1,
+  /**
+   * Out of memory after torch's whole retry chain (torch_npu's message in the last error).
+   */
+  NpuAllocStatus_OutOfMemory = -2,
+  /**
+   * A pointer this library did not return, or one already freed.
+   */
+  NpuAllocStatus_UnknownPointer = -3,
+  /**
+   * An ACL call failed (its code and name in the last error).
+   */
+  NpuAllocStatus_DeviceError = -4,
+  /**
+   * The caller's buffer is too small; the needed length was written.
+   */
+  NpuAllocStatus_BufferTooSmall = -5,
+  /**
+   * The library could not start: `libascendcl.so` was not found or `aclInit` failed.
+   */
+  NpuAllocStatus_NotInitialized = -6,
+  /**
+   * A private-pool or memory-saver call was refused (unknown or released pool, paused tag,
+   * a scope that is not open, ...).
+   */
+  NpuAllocStatus_Refused = -7,
+  /**
+   * A file could not be written.
+   */
+  NpuAllocStatus_IoError = -8,
+  /**
+   * npu-alloc panicked; nothing crossed the boundary, and the state is as the lock left it.
+   */
+  NpuAllocStatus_Panic = -9,
+} NpuAllocStatus;
+
+/**
+ * torch_npu's `c10_npu::NPUStream`, as its record/erase hooks receive it (by invisible
+ * reference): `c10::Stream`'s device type, device index and stream id.
+ */
+typedef struct NpuAllocStreamRepr {
+  /**
+   * `c10::DeviceType` (PrivateUse1 for NPU).
+   */
+  int8_t device_type;
+  /**
+   * The device index.
+   */
+  int8_t device_index;
+  /**
+   * torch_npu's stream id: not an `aclrtStream`.
+   */
+  int64_t stream_id;
+} NpuAllocStreamRepr;
+
+#ifdef __cplusplus
+extern "C" {
+#endif // __cplusplus
+
+/**
+ * torch_npu's pluggable `alloc`: `size` bytes on `device` for use on `stream`. NULL for a
+ * zero-size request (no error) and on failure (the reason in the last error; for out of
+ * memory, torch_npu's message).
+ */
+void *npu_alloc_malloc(uintptr_t size, int device, void *stream);
+
+/**
+ * torch_npu's pluggable `free`. `size`, `device` and `stream` are what torch_npu recorded at
+ * allocation; the block is found by its address. NULL does nothing; a pointer this library did
+ * not return, or a double free, changes nothing and sets the last error (and warns on stderr
+ * once per thread).
+ */
+void npu_alloc_free(void *ptr, uintptr_t _size, int _device, void *_stream);
+
+/**
+ * torch_npu's `init_fn(device_count)`: starts the runtime (loads ACL); nothing else to do.
+ */
+void npu_alloc_init(int _device_count);
+
+/**
+ * torch_npu's `reset_fn(check_error)`, called by `torch.npu.empty_cache()`: the synchronize
+ * hook, then `empty_cache`. Errors go to the last error (and stderr with `check_error`).
+ */
+void npu_alloc_reset(bool check_error);
+
+/**
+ * torch_npu's `memory_fraction_fn(fraction, device)`.
+ */
+void npu_alloc_set_memory_fraction(double fraction, int device);
+
+/**
+ * torch_npu's `base_alloc_fn(ptr, size)`: the start of the segment holding `ptr`, and its size
+ * in `*size` (when `size` is not NULL); `ptr` itself when it is not a live allocation.
+ *
+ * # Safety
+ * `size` is null or points at a writable `size_t`.
+ */
+void *npu_alloc_base_alloc(void *ptr, uintptr_t *size);
+
+/**
+ * torch_npu's `record_stream_fn(ptr, stream)`. torch_npu hands an `NPUStream` whose id is not
+ * an `aclrtStream` handle, and npu-alloc records events on handles, so this hook only checks
+ * its arguments: call [`npu_alloc_record_stream_handle`] with the stream's handle (the Python
+ * package does, from `stream.npu_stream`).
+ */
+void npu_alloc_record_stream(void *ptr, const struct NpuAllocStreamRepr *stream);
+
+/**
+ * torch_npu's `erase_stream_fn(ptr, stream)`: torch's `eraseStream` undoes a `record_stream`
+ * for graph capture, which npu-alloc does not implement; a no-op.
+ */
+void npu_alloc_erase_stream(void *_ptr, const struct NpuAllocStreamRepr *_stream);
+
+/**
+ * `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is
+ * reused only after the work queued on `stream` when it is freed has completed.
+ */
+enum NpuAllocStatus npu_alloc_record_stream_handle(void *ptr, void *stream);
+
+/**
+ * torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`.
+ */
+void npu_alloc_reset_peak_stats(int device);
+
+/**
+ * `torch.npu.empty_cache()`: the synchronize hook (if set), then every whole free segment of
+ * every device goes back.
+ */
+enum NpuAllocStatus npu_alloc_empty_cache(void);
+
+/**
+ * `memory_stats(device)` as a JSON object of torch's flat keys, NUL-terminated, into `buf`
+ * (`len` bytes). `*needed` (when not NULL) gets the length with the NUL; a buffer too small
+ * gets nothing and the status says so.
+ *
+ * # Safety
+ * `buf` is null or writable for `len` bytes; `needed` is null or writable.
+ */
+enum NpuAllocStatus npu_alloc_memory_stats(int device, char *buf, uintptr_t len, uintptr_t *needed);
+
+/**
+ * This thread's last error as text, NUL-terminated, into `buf` (`len` bytes, truncated to fit;
+ * NULL only asks). Returns the length the whole text needs, with the NUL.
+ *
+ * # Safety
+ * `buf` is null or writable for `len` bytes.
+ */
+uintptr_t npu_alloc_last_error(char *buf, uintptr_t len);
+
+/**
+ * `torch.npu.mem_get_info(device)`: free and total device memory.
+ *
+ * # Safety
+ * `free` and `total` are writable `size_t`s.
+ */
+enum NpuAllocStatus npu_alloc_mem_get_info(int device, uintptr_t *free, uintptr_t *total);
+
+/**
+ * `torch.npu.set_per_process_memory_fraction(fraction, device)`; NaN or outside [0, 1] is
+ * refused and changes nothing.
+ */
+enum NpuAllocStatus npu_alloc_set_per_process_memory_fraction(double fraction, int device);
+
+/**
+ * `torch.npu.memory._set_allocator_settings(settings)` on every device. Warnings about the
+ * string are logged once, as the runtime does.
+ *
+ * # Safety
+ * `settings` is a NUL-terminated string.
+ */
+enum NpuAllocStatus npu_alloc_set_allocator_settings(const char *settings);
+
+/**
+ * `torch.npu.memory._record_memory_history(enabled, max_entries)`.
+ */
+enum NpuAllocStatus npu_alloc_record_memory_history(bool enabled, uintptr_t max_entries);
+
+/**
+ * `torch.npu.memory._dump_snapshot(path)`: a pickle PyTorch's memory_viz reads.
+ *
+ * # Safety
+ * `path` is a NUL-terminated string.
+ */
+enum NpuAllocStatus npu_alloc_dump_snapshot(const char *path);
+
+/**
+ * `torch.npu.MemPool()` on `device`: a private pool with use count 1; `*id` gets its number
+ * (torch's `MempoolId_t` is `(0, id)`).
+ *
+ * # Safety
+ * `id` is a writable `uint64_t`.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_create(int device, uint64_t *id);
+
+/**
+ * `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_begin(int device, uint64_t id);
+
+/**
+ * `use_mem_pool(pool).__exit__()`.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_end(int device, uint64_t id);
+
+/**
+ * `del pool`: drops the hold of [`npu_alloc_mem_pool_create`] and empties the pool's cache.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_release(int device, uint64_t id);
+
+/**
+ * torch_memory_saver's `region(tag, enable_cpu_backup)` entered on this thread for `device`.
+ *
+ * # Safety
+ * `tag` is a NUL-terminated string.
+ */
+enum NpuAllocStatus npu_alloc_region_begin(int device, const char *tag, bool cpu_backup);
+
+/**
+ * Leaves this thread's innermost region on `device`.
+ */
+enum NpuAllocStatus npu_alloc_region_end(int device);
+
+/**
+ * torch_memory_saver's `pause(tag)` (NULL: every tag) on every device, after the synchronize
+ * hook.
+ *
+ * # Safety
+ * `tag` is null or a NUL-terminated string.
+ */
+enum NpuAllocStatus npu_alloc_pause(const char *tag);
+
+/**
+ * torch_memory_saver's `resume(tag)` (NULL: every paused tag) on every device.
+ *
+ * # Safety
+ * `tag` is null or a NUL-terminated string.
+ */
+enum NpuAllocStatus npu_alloc_resume(const char *tag);
+
+/**
+ * Sets the device-synchronize hook (NULL: none). Called before `npu_alloc_empty_cache`,
+ * `npu_alloc_reset` and `npu_alloc_pause` give memory back.
+ */
+void npu_alloc_set_synchronize_hook(int (*hook)(int));
+
+/**
+ * A synchronize hook for programs without a host task queue: `aclrtSynchronizeDevice` on
+ * `device` (-1: every device). Returns an [`NpuAllocStatus`] as an int.
+ */
+int npu_alloc_acl_synchronize(int device);
+
+#ifdef __cplusplus
+}  // extern "C"
+#endif  // __cplusplus
+
+#endif  /* NPU_ALLOC_H */
