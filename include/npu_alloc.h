@@ -96,6 +96,12 @@ void *npu_alloc_malloc(uintptr_t size, int device, void *stream);
 void npu_alloc_free(void *ptr, uintptr_t _size, int _device, void *_stream);
 
 /**
+ * `free(ptr)` with a status: [`NpuAllocStatus::UnknownPointer`] for a pointer this library did
+ * not return or a double free (nothing changes). NULL does nothing.
+ */
+enum NpuAllocStatus npu_alloc_free_checked(void *ptr);
+
+/**
  * torch_npu's `init_fn(device_count)`: starts the runtime (loads ACL); nothing else to do.
  */
 void npu_alloc_init(int _device_count);

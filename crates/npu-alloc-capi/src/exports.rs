@@ -83,6 +83,13 @@ pub extern "C" fn npu_alloc_free(
     }
 }
 
+/// `free(ptr)` with a status: [`NpuAllocStatus::UnknownPointer`] for a pointer this library did
+/// not return or a double free (nothing changes). NULL does nothing.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_free_checked(ptr: *mut c_void) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.free(ptr as usize as u64)?))
+}
+
 /// torch_npu's `init_fn(device_count)`: starts the runtime (loads ACL); nothing else to do.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_init(_device_count: c_int) {

@@ -1,0 +1,294 @@
+"""npu-alloc from Python: PyTorch's caching allocator for Ascend NPUs, through its C library.
+
+Standard library only (ctypes). Where the library is found:
+
+1. ``NPU_ALLOC_LIB``: a path to ``libnpu_alloc.so``;
+2. ``libnpu_alloc.so`` next to this package;
+3. the repository's ``target/release`` then ``target/debug`` (a checkout).
+
+The library finds ``libascendcl.so`` itself (``NPU_ALLOC_ACL_LIB``, else the CANN install
+search; see docs/c-abi.md) and reads ``PYTORCH_NPU_ALLOC_CONF``.
+
+With torch_npu, ``install()`` makes npu-alloc torch's allocator (call it right after
+``import torch_npu``, before any NPU work). torch_npu forwards only allocations and frees to a
+pluggable allocator: use this module's ``memory_stats``, ``empty_cache``, pools and memory
+saver, not ``torch.npu.memory``'s (docs/c-abi.md has the table).
+"""
+
+import contextlib
+import ctypes
+import json
+import os
+import threading
+
+__all__ = [
+    "NpuAllocError", "OutOfMemoryError", "library_path", "malloc", "free", "memory_stats",
+    "empty_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
+    "record_memory_history", "dump_snapshot", "record_stream", "MemPool", "use_mem_pool",
+    "region", "pause", "resume", "set_synchronize_hook", "install",
+]
+
+# Status codes of include/npu_alloc.h (NpuAllocStatus).
+_OK, _INVALID, _OOM, _UNKNOWN_POINTER, _DEVICE, _TOO_SMALL, _NOT_INIT, _REFUSED, _IO, _PANIC = (
+    0, -1, -2, -3, -4, -5, -6, -7, -8, -9)
+
+
+class NpuAllocError(RuntimeError):
+    """A call npu-alloc refused or could not complete; ``status`` is the C status code."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+class OutOfMemoryError(NpuAllocError):
+    """Out of memory after torch's whole retry chain (torch_npu's message)."""
+
+
+def library_path():
+    """Where ``libnpu_alloc.so`` is taken from (see the module's documentation)."""
+    explicit = os.environ.get("NPU_ALLOC_LIB")
+    if explicit:
+        return explicit
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, "libnpu_alloc.so")]
+    root = os.path.dirname(os.path.dirname(here))
+    for profile in ("release", "debug"):
+        candidates.append(os.path.join(root, "target", profile, "libnpu_alloc.so"))
+    for c in candidates:
+        if os.path.exists(c):
+            return c
+    raise NpuAllocError(
+        "libnpu_alloc.so not found: set NPU_ALLOC_LIB, or build it with "
+        "`cargo build --release -p npu-alloc-capi`", _NOT_INIT)
+
+
+_lib = None
+_lib_lock = threading.Lock()
+_SYNC_HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+_keep_alive = []  # callbacks handed to C live as long as the process
+
+
+def _load():
+    global _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        lib = ctypes.CDLL(library_path())
+        c_int, c_size, c_void, c_char = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
+        sig = {
+            "npu_alloc_malloc": ([c_size, c_int, c_void], c_void),
+            "npu_alloc_free": ([c_void, c_size, c_int, c_void], None),
+            "npu_alloc_free_checked": ([c_void], c_int),
+            "npu_alloc_record_stream_handle": ([c_void, c_void], c_int),
+            "npu_alloc_empty_cache": ([], c_int),
+            "npu_alloc_memory_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
+            "npu_alloc_mem_get_info": ([c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_size)], c_int),
+            "npu_alloc_set_per_process_memory_fraction": ([ctypes.c_double, c_int], c_int),
+            "npu_alloc_set_allocator_settings": ([c_char], c_int),
+            "npu_alloc_record_memory_history": ([ctypes.c_bool, c_size], c_int),
+            "npu_alloc_dump_snapshot": ([c_char], c_int),
+            "npu_alloc_mem_pool_create": ([c_int, ctypes.POINTER(ctypes.c_uint64)], c_int),
+            "npu_alloc_mem_pool_begin": ([c_int, ctypes.c_uint64], c_int),
+            "npu_alloc_mem_pool_end": ([c_int, ctypes.c_uint64], c_int),
+            "npu_alloc_mem_pool_release": ([c_int, ctypes.c_uint64], c_int),
+            "npu_alloc_region_begin": ([c_int, c_char, ctypes.c_bool], c_int),
+            "npu_alloc_region_end": ([c_int], c_int),
+            "npu_alloc_pause": ([c_char], c_int),
+            "npu_alloc_resume": ([c_char], c_int),
+            "npu_alloc_last_error": ([ctypes.c_char_p, c_size], c_size),
+            "npu_alloc_set_synchronize_hook": ([_SYNC_HOOK], None),
+            "npu_alloc_acl_synchronize": ([c_int], c_int),
+        }
+        for name, (args, res) in sig.items():
+            f = getattr(lib, name)
+            f.argtypes, f.restype = args, res
+        _lib = lib
+        return lib
+
+
+def _last_error():
+    lib = _load()
+    n = lib.npu_alloc_last_error(None, 0)
+    buf = ctypes.create_string_buffer(n)
+    lib.npu_alloc_last_error(buf, n)
+    return buf.value.decode("utf-8", "replace")
+
+
+def _check(status):
+    if status != _OK:
+        message = _last_error()
+        raise (OutOfMemoryError if status == _OOM else NpuAllocError)(message, status)
+
+
+def _text(s, what):
+    if not isinstance(s, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(s).__name__))
+    return s.encode("utf-8", "surrogatepass")
+
+
+def malloc(size, device=0, stream=0):
+    """``size`` bytes on ``device`` for ``stream`` (an ``aclrtStream`` handle as an int, 0 for
+    the default stream); the address, 0 for size 0. Raises OutOfMemoryError with torch_npu's
+    message."""
+    if size < 0:
+        raise ValueError("size must be >= 0, got %d" % size)
+    ptr = _load().npu_alloc_malloc(size, device, stream or None)
+    if size and not ptr:
+        message = _last_error()
+        oom = "out of memory" in message
+        raise (OutOfMemoryError if oom else NpuAllocError)(message, _OOM if oom else _INVALID)
+    return ptr or 0
+
+
+def free(ptr):
+    """Gives back an allocation; an address npu-alloc did not return (or a double free)
+    raises NpuAllocError and changes nothing. 0 does nothing."""
+    if not ptr:
+        return
+    status = _load().npu_alloc_free_checked(ptr)
+    if status != _OK:
+        raise NpuAllocError(_last_error(), status)
+
+
+def record_stream(ptr, stream):
+    """``record_stream``: ``ptr`` is also used on ``stream`` (an ``aclrtStream`` handle)."""
+    _check(_load().npu_alloc_record_stream_handle(ptr, stream or None))
+
+
+def memory_stats(device=0):
+    """torch's ``memory_stats()`` keys for ``device``, as a dict."""
+    lib = _load()
+    needed = ctypes.c_size_t(0)
+    status = lib.npu_alloc_memory_stats(device, None, 0, ctypes.byref(needed))
+    if status not in (_OK, _TOO_SMALL):
+        _check(status)
+    buf = ctypes.create_string_buffer(needed.value)
+    _check(lib.npu_alloc_memory_stats(device, buf, needed.value, ctypes.byref(needed)))
+    return json.loads(buf.value.decode())
+
+
+def empty_cache():
+    """Gives every whole free segment back, after the synchronize hook."""
+    _check(_load().npu_alloc_empty_cache())
+
+
+def mem_get_info(device=0):
+    """``(free, total)`` device memory in bytes."""
+    free_b, total = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(_load().npu_alloc_mem_get_info(device, ctypes.byref(free_b), ctypes.byref(total)))
+    return free_b.value, total.value
+
+
+def set_per_process_memory_fraction(fraction, device=0):
+    """Limits the allocator on ``device`` to ``fraction`` of its memory (0 to 1)."""
+    if not isinstance(fraction, (int, float)):
+        raise TypeError("Invalid type for fraction argument, must be float")
+    _check(_load().npu_alloc_set_per_process_memory_fraction(float(fraction), device))
+
+
+def set_allocator_settings(settings):
+    """``torch.npu.memory._set_allocator_settings(settings)``."""
+    _check(_load().npu_alloc_set_allocator_settings(_text(settings, "settings")))
+
+
+def record_memory_history(enabled=True, max_entries=100000):
+    """``_record_memory_history``: keeps the last ``max_entries`` trace entries per device."""
+    _check(_load().npu_alloc_record_memory_history(bool(enabled), max_entries))
+
+
+def dump_snapshot(path):
+    """``_dump_snapshot(path)``: a pickle PyTorch's memory_viz opens."""
+    _check(_load().npu_alloc_dump_snapshot(_text(os.fspath(path), "path")))
+
+
+class MemPool:
+    """torch's ``MemPool`` on ``device``: a private pool, given back by ``release()``."""
+
+    def __init__(self, device=0):
+        self.device = device
+        pid = ctypes.c_uint64()
+        _check(_load().npu_alloc_mem_pool_create(device, ctypes.byref(pid)))
+        self.id = (0, pid.value)
+        self._released = False
+
+    def release(self):
+        """Drops the pool (torch's ``del pool``): its cache is emptied once nothing holds it."""
+        if not self._released:
+            self._released = True
+            _check(_load().npu_alloc_mem_pool_release(self.device, self.id[1]))
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool):
+    """Allocations of this thread on the pool's device come from ``pool`` inside the block."""
+    _check(_load().npu_alloc_mem_pool_begin(pool.device, pool.id[1]))
+    try:
+        yield pool
+    finally:
+        _check(_load().npu_alloc_mem_pool_end(pool.device, pool.id[1]))
+
+
+@contextlib.contextmanager
+def region(tag="default", enable_cpu_backup=False, device=0):
+    """torch_memory_saver's ``region``: allocations of this thread inside the block can be
+    paused and resumed at the same addresses (their bytes kept with ``enable_cpu_backup``)."""
+    _check(_load().npu_alloc_region_begin(device, _text(tag, "tag"), bool(enable_cpu_backup)))
+    try:
+        yield
+    finally:
+        _check(_load().npu_alloc_region_end(device))
+
+
+def pause(tag=None):
+    """Gives back the physical memory of ``tag`` (every tag when None), addresses kept."""
+    _check(_load().npu_alloc_pause(None if tag is None else _text(tag, "tag")))
+
+
+def resume(tag=None):
+    """Maps new memory at the paused addresses of ``tag`` (every paused tag when None)."""
+    _check(_load().npu_alloc_resume(None if tag is None else _text(tag, "tag")))
+
+
+def set_synchronize_hook(hook):
+    """Calls ``hook(device)`` (device -1: every device) before memory goes back to the device;
+    it must drain queued work and synchronize. None removes it. An exception in the hook counts
+    as a failure: nothing is given back."""
+    if hook is None:
+        _load().npu_alloc_set_synchronize_hook(_SYNC_HOOK())
+        return
+
+    def call(device):
+        try:
+            hook(device)
+            return 0
+        except BaseException:  # a callback must not raise into C
+            return 1
+
+    cb = _SYNC_HOOK(call)
+    _keep_alive.append(cb)
+    _load().npu_alloc_set_synchronize_hook(cb)
+
+
+def install():
+    """Makes npu-alloc torch_npu's allocator: ``NPUPluggableAllocator`` with
+    ``npu_alloc_malloc`` / ``npu_alloc_free``, the optional hooks torch_npu can call safely,
+    and torch_npu's own synchronize as the synchronize hook. Call it right after
+    ``import torch_npu``, before any NPU work (torch_npu refuses to swap an initialized
+    allocator)."""
+    import torch
+    import torch_npu  # noqa: F401  (registers torch.npu)
+
+    path = library_path()
+    alloc = torch_npu.npu.memory.NPUPluggableAllocator(path, "npu_alloc_malloc", "npu_alloc_free")
+    lib = _load()
+    inner = alloc.allocator()
+    for setter, symbol in (("set_init_fn", "npu_alloc_init"), ("set_reset_fn", "npu_alloc_reset"),
+                           ("set_memory_fraction_fn", "npu_alloc_set_memory_fraction"),
+                           ("set_base_alloc_fn", "npu_alloc_base_alloc"),
+                           ("set_reset_peak_status_fn", "npu_alloc_reset_peak_stats")):
+        getattr(inner, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+    set_synchronize_hook(lambda device: torch.npu.synchronize())
+    torch_npu.npu.memory.change_current_allocator(alloc)
+    _keep_alive.append(alloc)
+    return alloc

@@ -1,0 +1,182 @@
+"""The Python package over the fake libascendcl (started by crates/npu-alloc-capi/tests/python.rs
+with NPU_ALLOC_LIB, NPU_ALLOC_ACL_LIB, FAKE_ACL_DEVICES=2, FAKE_ACL_CAPACITY=1 GiB and
+EXPECTED_STATS, the stats of the same sequence run through the Rust API)."""
+
+import ctypes
+import json
+import math
+import os
+import threading
+import unittest
+
+import npu_alloc
+
+MIB = 1 << 20
+# The fake's test-only controls: the same library file the runtime loaded, so the same instance.
+FAKE = ctypes.CDLL(os.environ["NPU_ALLOC_ACL_LIB"])
+FAKE.fake_acl_calls.argtypes = [ctypes.c_char_p]
+FAKE.fake_acl_calls.restype = ctypes.c_uint64
+FAKE.fake_acl_write_device.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+FAKE.fake_acl_write_device.restype = ctypes.c_int32
+FAKE.fake_acl_read_device.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+FAKE.fake_acl_read_device.restype = ctypes.c_int32
+
+
+def sequence(device):
+    """The sequence crates/npu-alloc-capi/tests/python.rs also runs through the Rust API."""
+    ptrs = [npu_alloc.malloc(size, device) for size in (1000, 3 * MIB, 25 * MIB, 512, 2 * MIB)]
+    npu_alloc.free(ptrs[1])
+    npu_alloc.free(ptrs[3])
+    return ptrs
+
+
+class Stats(unittest.TestCase):
+    def test_memory_stats_equal_the_rust_api_for_the_same_sequence(self):
+        sequence(1)  # device 1 is this test's alone
+        expected = json.loads(os.environ["EXPECTED_STATS"])
+        self.assertEqual(npu_alloc.memory_stats(1), expected)
+        # 1000 + 32 rounds to 1536; 25 MiB + 32 takes its whole 26 MiB segment (the remainder,
+        # under 1 MiB, is not split off); 2 MiB + 32 rounds to 2 MiB + 512.
+        self.assertEqual(expected["allocated_bytes.all.current"], 1536 + 26 * MIB + 2 * MIB + 512)
+
+
+class Threads(unittest.TestCase):
+    def test_four_threads_allocate_and_free(self):
+        before = npu_alloc.memory_stats(0)["allocation.all.current"]
+        errors = []
+
+        def work(seed):
+            try:
+                live = []
+                for i in range(300):
+                    live.append(npu_alloc.malloc((seed * 7919 + i * 104729) % (4 * MIB) + 1))
+                    if i % 3 == 2:
+                        npu_alloc.free(live.pop(0))
+                for p in live:
+                    npu_alloc.free(p)
+            except Exception as e:  # reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(errors, [])
+        stats = npu_alloc.memory_stats(0)
+        self.assertEqual(stats["allocation.all.current"], before)
+        self.assertGreaterEqual(stats["allocation.all.allocated"], 1200)
+
+
+class Errors(unittest.TestCase):
+    def test_bad_pointers_and_arguments_are_refused(self):
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.free(0x1234)
+        self.assertEqual(e.exception.status, -3)
+        self.assertIn("0x1234", str(e.exception))
+        p = npu_alloc.malloc(4096)
+        npu_alloc.free(p)
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.free(p)
+        self.assertEqual(e.exception.status, -3)
+        self.assertEqual(npu_alloc.malloc(0), 0)
+        npu_alloc.free(0)
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.malloc(1000, device=9)
+        self.assertIn("Invalid device argument 9", str(e.exception))
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.set_per_process_memory_fraction(math.nan)
+        self.assertEqual(e.exception.status, -1)
+        with self.assertRaises(TypeError):
+            npu_alloc.set_per_process_memory_fraction("half")
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            with npu_alloc.region("bad\udc80tag"):
+                pass
+        self.assertEqual(e.exception.status, -1)
+        self.assertIn("not UTF-8", str(e.exception))
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.pause("never-used")
+        self.assertEqual(e.exception.status, -7)
+        pool = npu_alloc.MemPool()
+        with npu_alloc.use_mem_pool(pool):
+            q = npu_alloc.malloc(1000)
+        npu_alloc.free(q)
+        pool.release()
+        with self.assertRaises(npu_alloc.NpuAllocError):
+            with npu_alloc.use_mem_pool(pool):
+                pass
+
+    def test_out_of_memory_returns_null_with_torch_npus_message(self):
+        lib = npu_alloc._load()
+        self.assertIsNone(lib.npu_alloc_malloc(2 << 30, 0, None))
+        self.assertIn("NPU out of memory. Tried to allocate 2.00 GiB", npu_alloc._last_error())
+        with self.assertRaises(npu_alloc.OutOfMemoryError) as e:
+            npu_alloc.malloc(2 << 30)
+        self.assertIn("NPU out of memory", str(e.exception))
+
+
+class MemorySaver(unittest.TestCase):
+    def test_pause_and_resume_with_cpu_backup_keep_the_bytes(self):
+        with npu_alloc.region("weights", enable_cpu_backup=True):
+            p = npu_alloc.malloc(MIB)
+        data = bytes(range(256)) * 16
+        self.assertEqual(FAKE.fake_acl_write_device(p, data, len(data)), 0)
+        free_before, _ = npu_alloc.mem_get_info()
+        npu_alloc.pause("weights")
+        free_paused, _ = npu_alloc.mem_get_info()
+        # 1 MiB + 32 is a large-pool request: the tag's segment is 20 MiB, all of it given back.
+        self.assertEqual(free_paused - free_before, 20 * MIB)
+        npu_alloc.resume("weights")
+        back = ctypes.create_string_buffer(len(data))
+        self.assertEqual(FAKE.fake_acl_read_device(p, back, len(data)), 0)
+        self.assertEqual(back.raw, data)
+        self.assertEqual(npu_alloc.mem_get_info()[0], free_before)
+        npu_alloc.free(p)
+
+
+class Hook(unittest.TestCase):
+    def test_the_synchronize_hook_runs_before_memory_goes_back(self):
+        seen = []
+        npu_alloc.set_synchronize_hook(lambda device: seen.append((device, FAKE.fake_acl_calls(b"aclrtFree"))))
+        try:
+            p = npu_alloc.malloc(30 * MIB)
+            npu_alloc.free(p)
+            frees = FAKE.fake_acl_calls(b"aclrtFree")
+            npu_alloc.empty_cache()
+            self.assertEqual(seen, [(-1, frees)], "called once, before any aclrtFree")
+            self.assertGreater(FAKE.fake_acl_calls(b"aclrtFree"), frees)
+        finally:
+            npu_alloc.set_synchronize_hook(None)
+
+    def test_a_failing_hook_gives_nothing_back(self):
+        def fail(device):
+            raise RuntimeError("queue not drained")
+
+        npu_alloc.set_synchronize_hook(fail)
+        try:
+            npu_alloc.free(npu_alloc.malloc(40 * MIB))
+            frees = FAKE.fake_acl_calls(b"aclrtFree")
+            with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                npu_alloc.empty_cache()
+            self.assertIn("synchronize hook failed", str(e.exception))
+            self.assertEqual(FAKE.fake_acl_calls(b"aclrtFree"), frees)
+        finally:
+            npu_alloc.set_synchronize_hook(None)
+
+
+class Selftest(unittest.TestCase):
+    def test_selftest_prints_a_summary(self):
+        import subprocess
+        import sys
+
+        # A process of its own: its own runtime and its own instance of the fake.
+        out = subprocess.run([sys.executable, "-m", "npu_alloc", "--selftest"],
+                             capture_output=True, text=True, check=True).stdout
+        self.assertIn("pause        gave back 20971520 bytes", out)
+        self.assertIn("allocation.all.current       0", out)
+        self.assertIn("num_ooms                     0", out)
+        self.assertIn("allocated_bytes.all.peak     26216960", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
