@@ -232,7 +232,8 @@ enum NpuAllocStatus npu_alloc_mem_pool_begin(int device, uint64_t id);
 enum NpuAllocStatus npu_alloc_mem_pool_end(int device, uint64_t id);
 
 /**
- * `del pool`: drops the hold of [`npu_alloc_mem_pool_create`] and empties the pool's cache.
+ * `del pool`: drops the hold of [`npu_alloc_mem_pool_create`] and empties the pool's cache
+ * (after the synchronize hook).
  */
 enum NpuAllocStatus npu_alloc_mem_pool_release(int device, uint64_t id);
 
@@ -267,8 +268,11 @@ enum NpuAllocStatus npu_alloc_pause(const char *tag);
 enum NpuAllocStatus npu_alloc_resume(const char *tag);
 
 /**
- * Sets the device-synchronize hook (NULL: none). Called before `npu_alloc_empty_cache`,
- * `npu_alloc_reset` and `npu_alloc_pause` give memory back.
+ * Sets the device-synchronize hook (NULL: none). Called, with no npu-alloc lock held, before
+ * `npu_alloc_empty_cache`, `npu_alloc_reset`, `npu_alloc_pause` and `npu_alloc_mem_pool_release`
+ * give memory back, and before a malloc's out-of-memory retry releases cached memory. Without
+ * a hook, a malloc never releases cached memory (it runs out of memory instead, with a
+ * warning once).
  */
 void npu_alloc_set_synchronize_hook(int (*hook)(int));
 

@@ -164,6 +164,28 @@ class Hook(unittest.TestCase):
             npu_alloc.set_synchronize_hook(None)
 
 
+class OomPath(unittest.TestCase):
+    def test_without_a_hook_out_of_memory_keeps_the_cache_and_with_one_releases_it(self):
+        npu_alloc.set_synchronize_hook(None)
+        npu_alloc.free(npu_alloc.malloc(600 * MIB))
+        reserved = npu_alloc.memory_stats(0)["reserved_bytes.all.current"]
+        frees = FAKE.fake_acl_calls(b"aclrtFree")
+        # Queued host work might still use the cached 600 MiB: nothing is given back.
+        with self.assertRaises(npu_alloc.OutOfMemoryError):
+            npu_alloc.malloc(700 * MIB)
+        self.assertEqual(npu_alloc.memory_stats(0)["reserved_bytes.all.current"], reserved)
+        self.assertEqual(FAKE.fake_acl_calls(b"aclrtFree"), frees)
+        seen = []
+        npu_alloc.set_synchronize_hook(lambda device: seen.append((device, FAKE.fake_acl_calls(b"aclrtFree"))))
+        try:
+            p = npu_alloc.malloc(700 * MIB)
+            self.assertEqual(seen[0], (0, frees), "the hook ran before the cache went back")
+            self.assertGreater(FAKE.fake_acl_calls(b"aclrtFree"), frees)
+            npu_alloc.free(p)
+        finally:
+            npu_alloc.set_synchronize_hook(None)
+
+
 class Selftest(unittest.TestCase):
     def test_selftest_prints_a_summary(self):
         import subprocess

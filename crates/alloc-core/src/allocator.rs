@@ -173,6 +173,8 @@ pub struct Allocator<D: Device> {
     pub(crate) saver: Saver<D::Page, D::HostBuffer>,
     /// The trace-entry ring while history is recorded.
     pub(crate) history: Option<alloc::boxed::Box<History<D::Stream>>>,
+    /// What a malloc does before it releases cached memory ([`HostQueue`]).
+    pub(crate) host_queue: crate::oom_retry::HostQueue,
     notices: Notices,
 }
 
@@ -208,6 +210,7 @@ impl<D: Device> Allocator<D> {
             parked: Parked::default(),
             saver: Saver::default(),
             history: None,
+            host_queue: crate::oom_retry::HostQueue::None,
             notices: Notices::new(),
         };
         if allocator.conf.garbage_collection_threshold.is_some() && total_memory.is_none() {

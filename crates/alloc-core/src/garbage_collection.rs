@@ -51,6 +51,12 @@ impl<D: Device> Allocator<D> {
         self.gc_limit.is_some()
     }
 
+    /// Whether GC would look for blocks to free now (reserved above its limit).
+    pub(crate) fn gc_due(&self) -> bool {
+        self.gc_limit
+            .is_some_and(|limit| self.total_allocated > limit)
+    }
+
     /// Recomputes the cached GC limit after the fraction changed.
     pub(crate) fn update_gc_limit(&mut self) {
         self.gc_limit = match self.gc_status() {

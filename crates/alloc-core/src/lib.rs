@@ -45,7 +45,7 @@ pub use expandable::{ExpandableInfo, Held};
 pub use garbage_collection::GcStatus;
 pub use history::{Action, Context, TraceEntry};
 pub use memory_saver::{SaverError, SaverStats, TagStats};
-pub use oom_retry::{MallocStep, PendingMalloc};
+pub use oom_retry::{HostQueue, MallocStep, PendingMalloc};
 pub use private_pool::{PoolError, PoolId};
 pub use size::PoolKind;
 pub use snapshot::{BlockInfo, BlockState, SegmentInfo};

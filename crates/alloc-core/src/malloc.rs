@@ -65,6 +65,8 @@ impl<D: Device> Allocator<D> {
                     let segment = self.device.malloc(bytes);
                     step = self.resume_malloc(pending, segment);
                 }
+                // This path cannot let the caller drain its queue: release nothing.
+                MallocStep::NeedSync { pending } => step = self.resume_after_sync(pending, false),
             }
         }
     }

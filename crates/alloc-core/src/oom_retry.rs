@@ -34,6 +34,39 @@ pub(crate) enum Stage {
 pub struct PendingMalloc<S> {
     req: Request<S>,
     stage: Stage,
+    /// What the malloc does once resumed after [`MallocStep::NeedSync`].
+    after_sync: AfterSync,
+}
+
+/// What a malloc stopped at [`MallocStep::NeedSync`] was about to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterSync {
+    /// Nothing: the malloc waits for a segment.
+    Nothing,
+    /// Garbage-collect, then ask for the first segment.
+    Gc,
+    /// The release step of the retry chain at its stage, then ask again.
+    Release,
+}
+
+/// Whether work the host queued but the device has not seen yet (torch_npu's task queue) may
+/// still use memory the cache holds, and so what a malloc does before it gives cached memory
+/// back inside its retry chain or GC. `empty_cache` and the memory saver are the caller's: it
+/// synchronizes before calling them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HostQueue {
+    /// No host queue: the device's own synchronize is enough (torch's behaviour).
+    #[default]
+    None,
+    /// Stop at [`MallocStep::NeedSync`] before releasing: the caller drops its lock, drains the
+    /// queue and synchronizes, then calls [`Allocator::resume_after_sync`] (torch_npu's
+    /// `UnlockGuard` + `npuSynchronizeDevice`). [`Allocator::malloc`] cannot stop, so it
+    /// releases nothing (as [`HostQueue::NoRelease`]); drive the miss path with
+    /// [`Allocator::begin_malloc`].
+    SyncFirst,
+    /// Never release cached memory inside a malloc: no GC, and out-of-memory instead of the
+    /// release-and-retry steps, since nothing can make the release safe.
+    NoRelease,
 }
 
 /// Where a `malloc` stands: finished, or waiting for a device segment.
@@ -41,6 +74,13 @@ pub struct PendingMalloc<S> {
 pub enum MallocStep<E, S> {
     /// The malloc finished: the address (0 for a zero-size request) or why not.
     Done(Result<u64, AllocError<E>>),
+    /// With [`HostQueue::SyncFirst`]: the malloc is about to give cached memory back; drain the
+    /// host's queued work and synchronize the device (without the allocator's lock), then call
+    /// [`Allocator::resume_after_sync`].
+    NeedSync {
+        /// What to resume.
+        pending: PendingMalloc<S>,
+    },
     /// Allocate `bytes` on the device, then call [`Allocator::resume_malloc`] with the result.
     NeedSegment {
         /// The segment size (torch's `alloc_size`).
@@ -57,11 +97,64 @@ impl<D: Device> Allocator<D> {
             self.refresh_limits();
         }
         if self.gc_enabled() {
+            match self.host_queue {
+                HostQueue::None => {}
+                HostQueue::SyncFirst if self.gc_due() => {
+                    return MallocStep::NeedSync {
+                        pending: PendingMalloc {
+                            req,
+                            stage: Stage::First,
+                            after_sync: AfterSync::Gc,
+                        },
+                    };
+                }
+                HostQueue::SyncFirst | HostQueue::NoRelease => {
+                    return self.request_segment(req, Stage::First);
+                }
+            }
             if let Err(e) = self.garbage_collect_cached_blocks() {
                 return MallocStep::Done(Err(AllocError::Device(e)));
             }
         }
         self.request_segment(req, Stage::First)
+    }
+
+    /// What to do before cached memory is given back from inside a malloc ([`HostQueue`]).
+    pub fn set_host_queue(&mut self, host_queue: HostQueue) {
+        self.host_queue = host_queue;
+    }
+
+    /// The [`HostQueue`] in force.
+    pub fn host_queue(&self) -> HostQueue {
+        self.host_queue
+    }
+
+    /// Continues a malloc stopped at [`MallocStep::NeedSync`]: `synchronized` says whether the
+    /// host's queue was drained and the device synchronized. If not, nothing is released and
+    /// the malloc runs out of memory.
+    pub fn resume_after_sync(
+        &mut self,
+        pending: PendingMalloc<D::Stream>,
+        synchronized: bool,
+    ) -> MallocStep<D::Error, D::Stream> {
+        let PendingMalloc {
+            req,
+            stage,
+            after_sync,
+        } = pending;
+        if !synchronized {
+            return MallocStep::Done(Err(AllocError::OutOfMemory(self.out_of_memory(&req))));
+        }
+        match after_sync {
+            AfterSync::Gc => {
+                if let Err(e) = self.garbage_collect_cached_blocks() {
+                    return MallocStep::Done(Err(AllocError::Device(e)));
+                }
+                self.request_segment(req, Stage::First)
+            }
+            AfterSync::Release => self.release_and_retry(req, stage),
+            AfterSync::Nothing => self.request_segment(req, stage),
+        }
     }
 
     /// Continues a malloc with the device's answer to its segment request.
@@ -132,7 +225,11 @@ impl<D: Device> Allocator<D> {
         }
         MallocStep::NeedSegment {
             bytes: req.alloc_size,
-            pending: PendingMalloc { req, stage },
+            pending: PendingMalloc {
+                req,
+                stage,
+                after_sync: AfterSync::Nothing,
+            },
         }
     }
 
@@ -145,18 +242,49 @@ impl<D: Device> Allocator<D> {
         stage: Stage,
         error: Option<D::Error>,
     ) -> MallocStep<D::Error, D::Stream> {
+        match (stage, self.host_queue) {
+            (Stage::Retry, _) | (_, HostQueue::None) => {}
+            (_, HostQueue::SyncFirst) => {
+                return MallocStep::NeedSync {
+                    pending: PendingMalloc {
+                        req,
+                        stage,
+                        after_sync: AfterSync::Release,
+                    },
+                };
+            }
+            (_, HostQueue::NoRelease) => {
+                return MallocStep::Done(Err(match error {
+                    Some(e) => AllocError::Device(e),
+                    None => AllocError::OutOfMemory(self.out_of_memory(&req)),
+                }));
+            }
+        }
+        if stage == Stage::Retry {
+            return MallocStep::Done(Err(match error {
+                Some(e) => AllocError::Device(e),
+                None => AllocError::OutOfMemory(self.out_of_memory(&req)),
+            }));
+        }
+        self.release_and_retry(req, stage)
+    }
+
+    /// The release step of the retry chain at `stage` (First or AfterRelease), then the next
+    /// segment request.
+    fn release_and_retry(
+        &mut self,
+        req: Request<D::Stream>,
+        stage: Stage,
+    ) -> MallocStep<D::Error, D::Stream> {
         let next = match stage {
             Stage::First => match self.release_available_cached_blocks(&req) {
                 Ok(true) => Ok(Stage::AfterRelease),
                 Ok(false) => self.release_cached_blocks().map(|()| Stage::Retry),
                 Err(e) => Err(e),
             },
-            Stage::AfterRelease => self.release_cached_blocks().map(|()| Stage::Retry),
-            Stage::Retry => {
-                return MallocStep::Done(Err(match error {
-                    Some(e) => AllocError::Device(e),
-                    None => AllocError::OutOfMemory(self.out_of_memory(&req)),
-                }));
+            // (The chain ends at Retry before releasing again.)
+            Stage::AfterRelease | Stage::Retry => {
+                self.release_cached_blocks().map(|()| Stage::Retry)
             }
         };
         match next {

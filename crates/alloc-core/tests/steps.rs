@@ -4,7 +4,7 @@
 
 mod common;
 
-use alloc_core::{AllocConf, AllocError, Allocator, Device, DeviceError, MallocStep};
+use alloc_core::{AllocConf, AllocError, Allocator, Device, DeviceError, HostQueue, MallocStep};
 use alloc_sim::{FaultError, SimError, SimStream, TestDevice};
 use common::*;
 
@@ -17,6 +17,16 @@ fn segment_request(
     match step {
         MallocStep::NeedSegment { bytes, pending } => (bytes, pending),
         MallocStep::Done(r) => panic!("expected a segment request, got {r:?}"),
+        MallocStep::NeedSync { .. } => panic!("expected a segment request, got a sync"),
+    }
+}
+
+/// The sync request of `step`, panicking otherwise.
+fn sync_request(step: MallocStep<Error, SimStream>) -> alloc_core::PendingMalloc<SimStream> {
+    match step {
+        MallocStep::NeedSync { pending } => pending,
+        MallocStep::NeedSegment { bytes, .. } => panic!("expected a sync, got {bytes} bytes"),
+        MallocStep::Done(r) => panic!("expected a sync, got {r:?}"),
     }
 }
 
@@ -24,6 +34,7 @@ fn done(step: MallocStep<Error, SimStream>) -> Result<u64, AllocError<Error>> {
     match step {
         MallocStep::Done(r) => r,
         MallocStep::NeedSegment { bytes, .. } => panic!("unexpected request of {bytes} bytes"),
+        MallocStep::NeedSync { .. } => panic!("unexpected sync"),
     }
 }
 
@@ -155,5 +166,93 @@ fn a_segment_that_would_take_the_reserve_past_i64_max_goes_back() {
     assert_eq!(a.device().outstanding_bytes(), 8 * size);
     assert_eq!(stat(&a, "num_alloc_retries"), 1);
     assert_eq!(stat(&a, "num_ooms"), 1);
+    check_consistency(&a);
+}
+
+#[test]
+fn with_a_host_queue_the_chain_stops_for_a_sync_before_each_release() {
+    // The chain of `out_of_memory_answers_walk_the_retry_chain`, with torch_npu's task queue:
+    // the same numbers, and a stop before the release where the caller drains its queue.
+    let mut a = cuda(GIB, &AllocConf::default());
+    a.set_host_queue(HostQueue::SyncFirst);
+    let x = a.malloc(5 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    let (_, pending) = segment_request(a.begin_malloc(30 * MIB, S0));
+    let pending = sync_request(a.resume_malloc(pending, Err(DeviceError::OutOfMemory)));
+    // Nothing released yet.
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (20 * MIB) as i64);
+    assert_eq!(a.device().frees(), 0);
+    let (again, pending) = segment_request(a.resume_after_sync(pending, true));
+    assert_eq!(again, 30 * MIB);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(a.device().frees(), 1);
+    assert!(matches!(
+        done(a.resume_malloc(pending, Err(DeviceError::OutOfMemory))),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    check_consistency(&a);
+}
+
+#[test]
+fn a_sync_that_failed_or_no_release_allowed_keeps_the_cache_and_runs_out_of_memory() {
+    for mode in [HostQueue::SyncFirst, HostQueue::NoRelease] {
+        let mut a = cuda(GIB, &AllocConf::default());
+        a.set_host_queue(mode);
+        let x = a.malloc(5 * MIB, S0).unwrap();
+        a.free(x).unwrap();
+        let (_, pending) = segment_request(a.begin_malloc(30 * MIB, S0));
+        let step = a.resume_malloc(pending, Err(DeviceError::OutOfMemory));
+        let step = match mode {
+            HostQueue::SyncFirst => a.resume_after_sync(sync_request(step), false),
+            _ => step,
+        };
+        assert!(
+            matches!(done(step), Err(AllocError::OutOfMemory(_))),
+            "{mode:?}"
+        );
+        assert_eq!(stat(&a, "reserved_bytes.all.current"), (20 * MIB) as i64);
+        assert_eq!(stat(&a, "num_alloc_retries"), 0);
+        assert_eq!(stat(&a, "num_ooms"), 1);
+        assert_eq!(a.device().frees(), 0);
+        // The plain malloc cannot stop for a sync: it releases nothing either.
+        let plain = a.malloc(2 * GIB, S0);
+        assert!(matches!(plain, Err(AllocError::OutOfMemory(_))), "{mode:?}");
+        assert_eq!(a.device().frees(), 0);
+        check_consistency(&a);
+    }
+}
+
+#[test]
+fn with_a_host_queue_gc_waits_for_a_sync_and_without_one_does_not_run() {
+    // GC against a 100 MiB device at threshold 0.5: the 60 MiB cached segment is above the
+    // limit, and a 64 MiB request does not fit beside it.
+    let mut a = cuda(100 * MIB, &conf("garbage_collection_threshold:0.5"));
+    a.set_host_queue(HostQueue::SyncFirst);
+    let x = a.malloc(60 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    let pending = sync_request(a.begin_malloc(64 * MIB, S0));
+    assert_eq!(a.device().frees(), 0, "nothing released before the sync");
+    let (bytes, pending) = segment_request(a.resume_after_sync(pending, true));
+    assert_eq!(a.device().frees(), 1, "GC gave the cached segment back");
+    assert_eq!(bytes, 64 * MIB);
+    let segment = a.device_mut().malloc(bytes);
+    done(a.resume_malloc(pending, segment)).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (64 * MIB) as i64);
+    check_consistency(&a);
+
+    // Without a way to sync, GC does not run and the request runs out of memory.
+    let mut a = cuda(100 * MIB, &conf("garbage_collection_threshold:0.5"));
+    a.set_host_queue(HostQueue::NoRelease);
+    let x = a.malloc(60 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    assert!(matches!(
+        a.malloc(64 * MIB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (60 * MIB) as i64);
+    assert_eq!(a.device().frees(), 0);
     check_consistency(&a);
 }

@@ -15,9 +15,13 @@ pub(crate) fn runtime() -> Result<&'static NpuAllocator, Fail> {
     static RUNTIME: OnceLock<Result<NpuAllocator, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
-            NpuAllocator::from_env().map_err(|e| {
+            let rt = NpuAllocator::from_env().map_err(|e| {
                 format!("cannot start npu-alloc: {e} (set NPU_ALLOC_ACL_LIB to libascendcl.so)")
-            })
+            })?;
+            // Until a synchronize hook is set, a malloc never gives cached memory back: work
+            // torch_npu queued on the host may still use it (docs/c-abi.md).
+            crate::hook::apply(&rt);
+            Ok(rt)
         })
         .as_ref()
         .map_err(|e| Fail::new(NpuAllocStatus::NotInitialized, e))
@@ -377,10 +381,15 @@ pub extern "C" fn npu_alloc_mem_pool_end(device: c_int, id: u64) -> NpuAllocStat
     status(|| Ok(runtime()?.end_use_pool(self::device(device)?, PoolId(0, id))?))
 }
 
-/// `del pool`: drops the hold of [`npu_alloc_mem_pool_create`] and empties the pool's cache.
+/// `del pool`: drops the hold of [`npu_alloc_mem_pool_create`] and empties the pool's cache
+/// (after the synchronize hook).
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_mem_pool_release(device: c_int, id: u64) -> NpuAllocStatus {
-    status(|| Ok(runtime()?.release_pool(self::device(device)?, PoolId(0, id))?))
+    status(|| {
+        let (rt, d) = (runtime()?, self::device(device)?);
+        synchronize_before_release(device)?;
+        Ok(rt.release_pool(d, PoolId(0, id))?)
+    })
 }
 
 /// torch_memory_saver's `region(tag, enable_cpu_backup)` entered on this thread for `device`.

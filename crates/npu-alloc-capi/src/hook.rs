@@ -16,11 +16,32 @@ pub type NpuAllocSyncHook = extern "C" fn(device: c_int) -> c_int;
 /// The hook as an address (0: none); a function pointer fits in a `usize`.
 static HOOK: AtomicUsize = AtomicUsize::new(0);
 
-/// Sets the device-synchronize hook (NULL: none). Called before `npu_alloc_empty_cache`,
-/// `npu_alloc_reset` and `npu_alloc_pause` give memory back.
+/// Sets the device-synchronize hook (NULL: none). Called, with no npu-alloc lock held, before
+/// `npu_alloc_empty_cache`, `npu_alloc_reset`, `npu_alloc_pause` and `npu_alloc_mem_pool_release`
+/// give memory back, and before a malloc's out-of-memory retry releases cached memory. Without
+/// a hook, a malloc never releases cached memory (it runs out of memory instead, with a
+/// warning once).
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_synchronize_hook(hook: Option<extern "C" fn(c_int) -> c_int>) {
     HOOK.store(hook.map_or(0, |h| h as usize), Ordering::Release);
+    if let Ok(rt) = runtime() {
+        apply(rt);
+    }
+}
+
+/// Gives the runtime the hook for the OOM path: with one, a malloc stops before releasing
+/// cached memory, calls it without the lock and goes on (torch_npu's `UnlockGuard` +
+/// `npuSynchronizeDevice`); without one, it releases nothing.
+pub(crate) fn apply(rt: &npu_runtime::NpuAllocator) {
+    match hook() {
+        Some(h) => {
+            let hook: npu_runtime::SyncHook = std::sync::Arc::new(move |device: u32| {
+                h(c_int::try_from(device).unwrap_or(c_int::MAX)) == 0
+            });
+            rt.set_host_queue(npu_runtime::HostQueue::SyncFirst, Some(hook));
+        }
+        None => rt.set_host_queue(npu_runtime::HostQueue::NoRelease, None),
+    }
 }
 
 /// The hook, if one is set.

@@ -111,6 +111,11 @@ pub struct Runtime<D: Device> {
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
     /// The history every device records (`record_memory_history`): its ring size, or `None`.
     pub(crate) history: Mutex<Option<usize>>,
+    /// The host-queue mode and hook every device uses (`set_host_queue`).
+    pub(crate) host: Mutex<(
+        alloc_core::HostQueue,
+        Option<crate::device_allocator::SyncHook>,
+    )>,
     /// Tells this runtime's scopes apart in the thread-local scope stack (`scope`).
     pub(crate) id: u64,
 }
@@ -137,6 +142,7 @@ where
                 .collect(),
             observers: Mutex::new(Vec::new()),
             history: Mutex::new(None),
+            host: Mutex::new((alloc_core::HostQueue::None, None)),
             id: crate::scope::next_runtime_id(),
         }
     }
@@ -169,6 +175,7 @@ where
             a.catch_up(&self.settings.lock().1);
         }
         self.catch_up_history(&opened.1);
+        self.catch_up_host_queue(&opened.1);
         Ok(opened)
     }
 

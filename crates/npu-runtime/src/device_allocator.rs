@@ -10,8 +10,8 @@
 //! Other threads use the cache meanwhile. Locks are always taken allocator first, then device.
 
 use alloc_core::{
-    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, MallocStep,
-    MemInfo, PoolId, SegmentInfo, VmmError,
+    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, HostQueue,
+    MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
 };
 
 use crate::error::RuntimeError;
@@ -120,7 +120,14 @@ pub(crate) struct DeviceAllocator<D: Device> {
     settings_applied: AtomicU64,
     device: Shared<D>,
     inner: Mutex<Allocator<Shared<D>>>,
+    /// The host-queue synchronize hook a malloc calls, without the lock, before it releases
+    /// cached memory ([`HostQueue::SyncFirst`]).
+    sync_hook: Mutex<Option<SyncHook>>,
 }
+
+/// A hook that drains the host's queued work for a device and synchronizes it (torch_npu's
+/// `npuSynchronizeDevice`); `false` when it could not.
+pub type SyncHook = std::sync::Arc<dyn Fn(u32) -> bool + Send + Sync>;
 
 impl<D: Device> DeviceAllocator<D> {
     /// The allocator of `device` (device `facts.index`); logs each of its notices once.
@@ -139,6 +146,7 @@ impl<D: Device> DeviceAllocator<D> {
             settings_applied: AtomicU64::new(settings_applied),
             device,
             inner: Mutex::new(allocator),
+            sync_hook: Mutex::new(None),
         }
     }
 
@@ -178,9 +186,11 @@ impl<D: Device> DeviceAllocator<D> {
         // `release_lock_on_npumalloc` is read under the lock: `set_allocator_settings` may
         // change it.
         let mut allocator = self.lock();
-        if allocator.conf().release_lock_on_npumalloc {
+        if allocator.conf().release_lock_on_npumalloc
+            || allocator.host_queue() == HostQueue::SyncFirst
+        {
             drop(allocator);
-            return self.malloc_releasing_lock(size, stream, pool.unwrap_or_default());
+            return self.malloc_in_steps(size, stream, pool.unwrap_or_default());
         }
         Ok(match pool {
             None => allocator.malloc(size, stream)?,
@@ -199,9 +209,11 @@ impl<D: Device> DeviceAllocator<D> {
         r
     }
 
-    /// `malloc` with `release_lock_on_npumalloc:True`: the lock is dropped around each device
-    /// malloc.
-    fn malloc_releasing_lock(
+    /// `malloc` driven step by step: with `release_lock_on_npumalloc:True` the lock is dropped
+    /// around each device malloc; with [`HostQueue::SyncFirst`] it is dropped while the
+    /// synchronize hook drains the host's queue before cached memory is released (torch_npu's
+    /// `UnlockGuard` around `npuSynchronizeDevice`).
+    fn malloc_in_steps(
         &self,
         size: u64,
         stream: D::Stream,
@@ -213,13 +225,38 @@ impl<D: Device> DeviceAllocator<D> {
             match step {
                 MallocStep::Done(result) => return Ok(result?),
                 MallocStep::NeedSegment { bytes, pending } => {
-                    drop(guard);
-                    let segment = self.device.lock().malloc(bytes);
-                    guard = self.lock();
+                    let segment = if guard.conf().release_lock_on_npumalloc {
+                        drop(guard);
+                        let segment = self.device.lock().malloc(bytes);
+                        guard = self.lock();
+                        segment
+                    } else {
+                        self.device.lock().malloc(bytes)
+                    };
                     step = guard.resume_malloc(pending, segment);
+                }
+                MallocStep::NeedSync { pending } => {
+                    drop(guard);
+                    let hook = self.sync_hook.lock().clone();
+                    let synchronized = hook.is_some_and(|h| h(self.index));
+                    if !synchronized {
+                        warn_once(&format!(
+                            "NPU {}: out of memory with cached memory that could not be given back \
+                             safely: no synchronize hook drained the host's queued work",
+                            self.index
+                        ));
+                    }
+                    guard = self.lock();
+                    step = guard.resume_after_sync(pending, synchronized);
                 }
             }
         }
+    }
+
+    /// What a malloc does before it releases cached memory, and the hook it calls.
+    pub(crate) fn set_host_queue(&self, host_queue: HostQueue, hook: Option<SyncHook>) {
+        *self.sync_hook.lock() = hook;
+        self.lock().set_host_queue(host_queue);
     }
 
     /// `free(addr)`.

@@ -25,6 +25,7 @@ mod config;
 mod device_allocator;
 mod error;
 mod history;
+mod host_queue;
 mod no_caching;
 mod route;
 mod scope;
@@ -35,11 +36,12 @@ mod warn_once;
 pub use acl_device::{AclDevice, AclPlatform, Stream};
 pub use acl_sys::{AclError, Lib};
 pub use alloc_core::{
-    AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, PoolError, PoolId,
-    SaverError, SaverStats, SegmentInfo, TagStats,
+    AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, HostQueue, OutOfMemory, PoolError,
+    PoolId, SaverError, SaverStats, SegmentInfo, TagStats,
 };
 pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
 pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
+pub use device_allocator::SyncHook;
 pub use error::RuntimeError;
 pub use history::DumpError;
 pub use scope::{MemPool, ScopeGuard};

@@ -243,3 +243,36 @@ fn the_memory_saver_pauses_and_resumes_every_device_at_the_same_addresses() {
     rt.free(kv).unwrap();
     assert_eq!(rt.end_region(0), Err(RuntimeError::ScopeNotOpen));
 }
+
+#[test]
+fn with_a_host_queue_the_hook_runs_without_the_lock_before_cached_memory_goes_back() {
+    use npu_runtime::{HostQueue, SyncHook};
+    // One 256 MiB device: a cached 150 MiB segment, then a 150 MiB request that only fits once
+    // the cache is given back.
+    let rt = Arc::new(sim::runtime(1, 256 * MIB, Config::default()));
+    let x = rt.malloc(150 * MIB, 0, S0).unwrap();
+    rt.free(x).unwrap();
+    let x2 = rt.malloc(150 * MIB, 0, S0).unwrap();
+    rt.free(x2).unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let hook: SyncHook = {
+        let (weak, calls) = (Arc::downgrade(&rt), calls.clone());
+        Arc::new(move |device| {
+            // The allocator's lock is free: this would deadlock under it.
+            let rt = weak.upgrade().unwrap();
+            assert_eq!(rt.memory_reserved(device).unwrap(), 150 * MIB + 2 * MIB);
+            calls.fetch_add(1, Ordering::Relaxed);
+            true
+        })
+    };
+    // No release without a hook: out of memory, the cache kept.
+    rt.set_host_queue(HostQueue::NoRelease, None);
+    assert!(rt.malloc(200 * MIB, 0, S0).unwrap_err().is_out_of_memory());
+    assert_eq!(rt.memory_reserved(0).unwrap(), 150 * MIB + 2 * MIB);
+    // With the hook: it runs once, then the cache goes back and the retry succeeds.
+    rt.set_host_queue(HostQueue::SyncFirst, Some(hook));
+    let y = rt.malloc(200 * MIB, 0, S0).unwrap();
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    assert_eq!(rt.memory_reserved(0).unwrap(), 200 * MIB + 2 * MIB);
+    rt.free(y).unwrap();
+}

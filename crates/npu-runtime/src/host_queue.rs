@@ -1,0 +1,36 @@
+//! torch_npu's task queue: work the host queued but the device has not seen may still use
+//! memory the cache holds. [`Runtime::set_host_queue`] says what a malloc does before it gives
+//! cached memory back (alloc-core's [`HostQueue`]) and which hook drains the queue.
+
+use alloc_core::{Device, HostQueue};
+
+use crate::api::{Entry, Runtime};
+use crate::device_allocator::SyncHook;
+
+impl<D> Runtime<D>
+where
+    D: Device<Stream: Send + Sync, Event: Send, Error: Send> + Send + 'static,
+{
+    /// On every device (those opened later too): what a malloc does before it releases cached
+    /// memory in its retry chain or GC, and the hook that drains the host's queue and
+    /// synchronizes a device (called without any npu-alloc lock held, as torch_npu's
+    /// `UnlockGuard` does). With [`HostQueue::SyncFirst`] and no hook, or a hook that fails,
+    /// nothing is released and the malloc runs out of memory (with a warning once).
+    pub fn set_host_queue(&self, host_queue: HostQueue, hook: Option<SyncHook>) {
+        let mut host = self.host.lock();
+        *host = (host_queue, hook);
+        for entry in self.opened_all() {
+            if let Entry::Caching(a) = entry {
+                a.set_host_queue(host.0, host.1.clone());
+            }
+        }
+    }
+
+    /// Applies the host-queue setting to a device that has just opened.
+    pub(crate) fn catch_up_host_queue(&self, entry: &Entry<D>) {
+        let host = self.host.lock();
+        if let (Entry::Caching(a), true) = (entry, host.0 != HostQueue::None) {
+            a.set_host_queue(host.0, host.1.clone());
+        }
+    }
+}
