@@ -13,13 +13,19 @@ import npu_alloc
 
 MIB = 1 << 20
 # The fake's test-only controls: the same library file the runtime loaded, so the same instance.
-FAKE = ctypes.CDLL(os.environ["NPU_ALLOC_ACL_LIB"])
-FAKE.fake_acl_calls.argtypes = [ctypes.c_char_p]
-FAKE.fake_acl_calls.restype = ctypes.c_uint64
-FAKE.fake_acl_write_device.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
-FAKE.fake_acl_write_device.restype = ctypes.c_int32
-FAKE.fake_acl_read_device.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
-FAKE.fake_acl_read_device.restype = ctypes.c_int32
+# On an Ascend box (`cargo xtask test-hw`) the real library has none: those tests are skipped.
+try:
+    FAKE = ctypes.CDLL(os.environ["NPU_ALLOC_ACL_LIB"])
+    FAKE.fake_acl_calls.argtypes = [ctypes.c_char_p]
+    FAKE.fake_acl_calls.restype = ctypes.c_uint64
+    FAKE.fake_acl_write_device.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+    FAKE.fake_acl_write_device.restype = ctypes.c_int32
+    FAKE.fake_acl_read_device.argtypes = [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t]
+    FAKE.fake_acl_read_device.restype = ctypes.c_int32
+    HAVE_FAKE = True
+except (KeyError, OSError, AttributeError):
+    FAKE, HAVE_FAKE = None, False
+needs_fake = unittest.skipUnless(HAVE_FAKE, "needs the fake libascendcl's test controls")
 
 
 def sequence(device):
@@ -30,6 +36,7 @@ def sequence(device):
     return ptrs
 
 
+@unittest.skipUnless("EXPECTED_STATS" in os.environ, "needs the Rust API's numbers")
 class Stats(unittest.TestCase):
     def test_memory_stats_equal_the_rust_api_for_the_same_sequence(self):
         sequence(1)  # device 1 is this test's alone
@@ -108,13 +115,15 @@ class Errors(unittest.TestCase):
 
     def test_out_of_memory_returns_null_with_torch_npus_message(self):
         lib = npu_alloc._load()
-        self.assertIsNone(lib.npu_alloc_malloc(2 << 30, 0, None))
-        self.assertIn("NPU out of memory. Tried to allocate 2.00 GiB", npu_alloc._last_error())
+        big = 2 * npu_alloc.mem_get_info()[1]
+        self.assertIsNone(lib.npu_alloc_malloc(big, 0, None))
+        self.assertIn("NPU out of memory. Tried to allocate", npu_alloc._last_error())
         with self.assertRaises(npu_alloc.OutOfMemoryError) as e:
-            npu_alloc.malloc(2 << 30)
+            npu_alloc.malloc(big)
         self.assertIn("NPU out of memory", str(e.exception))
 
 
+@needs_fake
 class MemorySaver(unittest.TestCase):
     def test_pause_and_resume_with_cpu_backup_keep_the_bytes(self):
         with npu_alloc.region("weights", enable_cpu_backup=True):
@@ -134,6 +143,7 @@ class MemorySaver(unittest.TestCase):
         npu_alloc.free(p)
 
 
+@needs_fake
 class Hook(unittest.TestCase):
     def test_the_synchronize_hook_runs_before_memory_goes_back(self):
         seen = []
@@ -164,6 +174,7 @@ class Hook(unittest.TestCase):
             npu_alloc.set_synchronize_hook(None)
 
 
+@needs_fake
 class OomPath(unittest.TestCase):
     def test_without_a_hook_out_of_memory_keeps_the_cache_and_with_one_releases_it(self):
         npu_alloc.set_synchronize_hook(None)

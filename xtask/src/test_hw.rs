@@ -139,13 +139,45 @@ pub(crate) fn run(args: Args) -> ExitCode {
         ])
         .status();
     match status {
-        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) if s.success() => python_suite(&path),
         Ok(s) => {
             eprintln!("test-hw: the hardware suite failed ({s})");
             ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("test-hw: cannot run cargo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The Python package's tests against the real library (the tests that need the fake's
+/// controls are skipped there), with a release build of the C library.
+fn python_suite(acl: &std::path::Path) -> ExitCode {
+    println!("test-hw: running the Python package's tests against {}", acl.display());
+    let built = cargo()
+        .args(["build", "--release", "-p", "npu-alloc-capi"])
+        .status();
+    if !matches!(built, Ok(s) if s.success()) {
+        eprintln!("test-hw: cannot build the C library");
+        return ExitCode::FAILURE;
+    }
+    let root = crate::cargo::workspace_root();
+    let status = std::process::Command::new("python3")
+        .args(["-m", "unittest", "discover", "-v", "-s", "tests"])
+        .current_dir(root.join("python"))
+        .env("PYTHONPATH", root.join("python"))
+        .env("NPU_ALLOC_LIB", root.join("target/release/libnpu_alloc.so"))
+        .env("NPU_ALLOC_ACL_LIB", acl)
+        .status();
+    match status {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) => {
+            eprintln!("test-hw: the Python tests failed ({s})");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("test-hw: cannot run python3: {e}");
             ExitCode::FAILURE
         }
     }
