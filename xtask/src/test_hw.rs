@@ -154,7 +154,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
 /// The Python package's tests against the real library (the tests that need the fake's
 /// controls are skipped there), with a release build of the C library.
 fn python_suite(acl: &std::path::Path) -> ExitCode {
-    println!("test-hw: running the Python package's tests against {}", acl.display());
+    println!(
+        "test-hw: running the Python package's tests against {}",
+        acl.display()
+    );
     let built = cargo()
         .args(["build", "--release", "-p", "npu-alloc-capi"])
         .status();
