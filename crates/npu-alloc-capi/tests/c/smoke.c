@@ -64,6 +64,8 @@ int main(void) {
   CHECK(npu_alloc_last_error(err, sizeof err) > 1);
   CHECK(strstr(err, "0x1234") != NULL);
   npu_alloc_free(NULL, 0, 0, NULL);
+  CHECK(npu_alloc_free_checked((void *)0x1234) == NpuAllocStatus_UnknownPointer);
+  CHECK(npu_alloc_free_checked(NULL) == NpuAllocStatus_Ok);
   CHECK(npu_alloc_malloc((size_t)8 << 30, 0, NULL) == NULL);
   npu_alloc_last_error(err, sizeof err);
   CHECK(strstr(err, "NPU out of memory") != NULL);
