@@ -1,18 +1,22 @@
 //! A C program compiled with the system `cc` against `include/npu_alloc.h`, linked with the
 //! cdylib and run over the fake libascendcl, calls every exported function.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use testkit::fake_acl::{Variant, fresh_copy};
 
 /// The cdylib cargo built next to this test (`<target>/<profile>/libnpu_alloc.so`).
-pub fn cdylib() -> PathBuf {
+fn cdylib() -> PathBuf {
+    // `cargo test` leaves it in `<target>/<profile>/deps` (next to this test); `cargo build`
+    // also copies it to `<target>/<profile>`.
     let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap();
-    let lib = profile.join("libnpu_alloc.so");
-    assert!(lib.exists(), "{} is built with the crate", lib.display());
-    lib
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|dir| dir.join("libnpu_alloc.so"))
+        .find(|lib| lib.exists())
+        .expect("libnpu_alloc.so is built with the crate")
 }
 
 #[test]

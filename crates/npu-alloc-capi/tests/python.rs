@@ -2,7 +2,7 @@
 //! libascendcl with this crate's cdylib. The expected stats come from the same sequence run
 //! here through the Rust API. python3 is required (it is on CI): without it this test fails.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use npu_runtime::{Config, NpuAllocator, Stream};
@@ -11,14 +11,15 @@ use testkit::fake_acl::{FakeAcl, Variant, fresh_copy};
 const MIB: u64 = 1 << 20;
 
 fn cdylib() -> PathBuf {
+    // `cargo test` leaves it in `<target>/<profile>/deps` (next to this test); `cargo build`
+    // also copies it to `<target>/<profile>`.
     let exe = std::env::current_exe().unwrap();
-    let lib = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("libnpu_alloc.so");
-    assert!(lib.exists(), "{} is built with the crate", lib.display());
-    lib
+    let deps = exe.parent().unwrap();
+    [deps, deps.parent().unwrap()]
+        .iter()
+        .map(|dir| dir.join("libnpu_alloc.so"))
+        .find(|lib| lib.exists())
+        .expect("libnpu_alloc.so is built with the crate")
 }
 
 /// The stats of `python/tests`' `sequence` through the Rust API, as JSON.
