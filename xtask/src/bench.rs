@@ -236,6 +236,17 @@ fn cases() -> Vec<Case> {
             Some(1.0),
         ));
     }
+    if let Some(total) = median_ns("replay_streams/200000") {
+        // Three streams, record_stream and events: reported in the same form.
+        let baseline = Some(("10M ops/s".to_string(), 100.0));
+        out.push(Case::separate(
+            "replay_streams_per_op",
+            None,
+            total / REPLAY_OPS,
+            baseline,
+            None,
+        ));
+    }
     out
 }
 

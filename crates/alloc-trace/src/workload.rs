@@ -220,6 +220,56 @@ pub fn synthetic_trace(ops: usize, max_live: usize, seed: u64) -> String {
     out
 }
 
+/// [`synthetic_trace`] with streams: allocations on streams 0 to 2, a quarter of the frees
+/// after a `record` on another stream, and a `complete` of a stream now and then, so the
+/// replay exercises events, pending frees and per-stream pools.
+pub fn synthetic_stream_trace(ops: usize, max_live: usize, seed: u64) -> String {
+    const SIZES: [u64; 8] = [3072, 12288, 65536, 589824, 2359296, 8519680, 25165824, 1024];
+    let mut rng = seed | 1;
+    let mut next = move || {
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut out = String::with_capacity(ops * 16);
+    out.push_str(
+        "# synthetic trace with streams (alloc_trace::workload::synthetic_stream_trace)\npad 0\n",
+    );
+    let mut live: Vec<(u32, u64)> = Vec::new();
+    let mut dead: Vec<u32> = Vec::new();
+    let mut fresh = 0u32;
+    let mut written = 0;
+    while written < ops {
+        let r = next();
+        if r % 16 == 0 {
+            writeln!(out, "complete {}", (r >> 8) % 3).expect("writing to a String");
+        } else if live.is_empty() || (live.len() < max_live && r % 2 == 0) {
+            let id = dead.pop().unwrap_or_else(|| {
+                fresh += 1;
+                fresh - 1
+            });
+            let size = SIZES[(r >> 8) as usize % SIZES.len()];
+            let stream = (r >> 20) % 3;
+            writeln!(out, "alloc a{id} {size} {stream}").expect("writing to a String");
+            live.push((id, stream));
+        } else {
+            let (id, stream) = live.swap_remove((r >> 8) as usize % live.len());
+            if (r >> 24) % 4 == 0 {
+                writeln!(out, "record a{id} {}", (stream + 1) % 3).expect("writing to a String");
+                written += 1;
+                if written == ops {
+                    break;
+                }
+            }
+            writeln!(out, "free a{id}").expect("writing to a String");
+            dead.push(id);
+        }
+        written += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +327,17 @@ mod tests {
         assert!(map.free(a));
         assert!(!map.free(a));
         assert_eq!(map.malloc(u64::MAX), None);
+    }
+
+    #[test]
+    fn synthetic_stream_traces_parse_and_replay_with_events() {
+        let text = synthetic_stream_trace(5000, 64, 7);
+        let trace = crate::parse::parse_str("streams", &text).unwrap();
+        assert_eq!(trace.ops.len(), 5000);
+        let setup = crate::exec::Setup::from_trace(&trace, AllocConf::default(), None, None);
+        let report = crate::replay::replay(&trace, &setup).unwrap();
+        assert!(report.counts.records > 100, "{}", report.counts.records);
+        assert_eq!(report.counts.ooms, 0);
     }
 
     #[test]
