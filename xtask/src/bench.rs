@@ -136,10 +136,11 @@ fn median_ns(id: &str) -> Option<f64> {
 /// The bench targets, in the order they run: replay first, because its figure is absolute
 /// (ns per operation) and a shared VM slows down after minutes of full load, while every other
 /// target is read as a ratio to a baseline timed interleaved with it.
-const BENCHES: [(&str, &str); 3] = [
+const BENCHES: [(&str, &str); 4] = [
     ("alloc-core", "replay"),
     ("alloc-core", "pairs"),
     ("npu-runtime", "runtime_hit"),
+    ("npu-runtime", "runtime_threads"),
 ];
 
 fn run_benches(quick: bool) -> bool {
@@ -235,6 +236,31 @@ fn cases() -> Vec<Case> {
             baseline,
             Some(1.0),
         ));
+    }
+    // Throughput of t threads against one: t × time(1) / time(t), where each time is one
+    // thread's pair (all threads run the same number of pairs at once).
+    for kind in ["same_device", "own_device"] {
+        let name = format!("runtime_threads_{kind}");
+        let Some(one) = median_ns(&format!("{name}/1")) else {
+            continue;
+        };
+        for t in [2u32, 4] {
+            if let Some(ns) = median_ns(&format!("{name}/{t}")) {
+                out.push(Case {
+                    name: if kind == "same_device" {
+                        "runtime_threads_same_device"
+                    } else {
+                        "runtime_threads_own_device"
+                    },
+                    blocks: Some(u64::from(t)),
+                    ns,
+                    baseline: Some(format!("{name}/1 (throughput ratio)")),
+                    baseline_ns: Some(one),
+                    ratio: Some(f64::from(t) * one / ns),
+                    target: None,
+                });
+            }
+        }
     }
     if let Some(total) = median_ns("replay_streams/200000") {
         // Three streams, record_stream and events: reported in the same form.

@@ -1,19 +1,26 @@
-//! `cargo xtask instructions` runs this under callgrind: `N` cache-hit malloc + free pairs on an
-//! allocator holding 256 cached blocks (the `core_hit/256` population). Two runs with different
-//! `N` give the instructions of one pair, free of the set-up's, as the difference over the
-//! difference of `N`: a hot-path cost figure that wall time on a shared machine cannot give.
+//! `cargo xtask bench --instructions` runs this under callgrind: `N` cache-hit malloc + free
+//! pairs on an allocator holding cached blocks. Two runs with different `N` give the
+//! instructions of one pair, free of the set-up's, as the difference over the difference of
+//! `N`: a hot-path cost figure that wall time on a shared machine cannot give.
+//!
+//! `hit_pairs N` uses the split/merge churn population (`core_hit/256`); `hit_pairs N fenced B`
+//! the fenced one with `B` cached blocks (`core_hit_fenced/B`).
 
 use std::hint::black_box;
 
 use alloc_sim::SimStream;
-use alloc_trace::workload::{cached_allocator, hit_size};
+use alloc_trace::workload::{cached_allocator, fenced_allocator, hit_size};
 
 fn main() {
-    let pairs: u64 = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(100_000);
-    let (mut alloc, _live) = cached_allocator(256);
+    let mut args = std::env::args().skip(1);
+    let pairs: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
+    let fenced = args.next().as_deref() == Some("fenced");
+    let blocks: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(256);
+    let (mut alloc, _live) = if fenced {
+        fenced_allocator(blocks)
+    } else {
+        cached_allocator(blocks)
+    };
     for i in 0..pairs {
         let p = alloc
             .malloc(black_box(hit_size(i as usize)), SimStream(0))
