@@ -11,6 +11,7 @@ use alloc_conf::AllocConf;
 use hashbrown::HashMap;
 
 use crate::block::{BlockId, Blocks};
+use crate::counters::Counters;
 use crate::device::Device;
 use crate::error::FractionError;
 use crate::expandable::{ExpandableSegment, Parked};
@@ -149,7 +150,7 @@ pub struct Allocator<D: Device> {
     /// Segment start address → the block at that address (it keeps its id for the segment's life).
     pub(crate) segments: BTreeMap<u64, BlockId>,
     pub(crate) events: EventQueues<D::Event, D::Stream>,
-    pub(crate) stats: DeviceStats,
+    pub(crate) stats: Counters,
     /// Bytes of all device segments: torch's `total_allocated_memory`.
     pub(crate) total_allocated: u64,
     /// The per-process limit; `None` when the fraction is 1 (or while the device's total is
@@ -186,9 +187,9 @@ impl<D: Device> Allocator<D> {
             .or_else(|| device.mem_info().ok().map(|m| m.total));
         let conf = conf.clone();
         let fraction = conf.per_process_memory_fraction;
-        let stats = DeviceStats {
+        let stats = Counters {
             max_split_size: conf.max_split_size,
-            ..DeviceStats::default()
+            ..Counters::default()
         };
         let mut allocator = Allocator {
             device,
@@ -355,9 +356,27 @@ impl<D: Device> Allocator<D> {
         self.allowed
     }
 
-    /// Every statistic of torch's `memory_stats()`.
-    pub fn stats(&self) -> &DeviceStats {
-        &self.stats
+    /// Every statistic of torch's `memory_stats()`, built from the counters the hot path
+    /// keeps (torch's `getDeviceStats` copies them too).
+    pub fn stats(&self) -> DeviceStats {
+        self.stats.report()
+    }
+
+    /// torch's `memory_allocated()`: `allocated_bytes.all.current`, without building the
+    /// whole report.
+    pub fn memory_allocated(&self) -> u64 {
+        self.stats.allocated_bytes.all_current() as u64
+    }
+
+    /// torch's `memory_reserved()`: `reserved_bytes.all.current`, without building the whole
+    /// report.
+    pub fn memory_reserved(&self) -> u64 {
+        self.stats.reserved_bytes.all_current() as u64
+    }
+
+    /// `requested_bytes.all.current`: the bytes callers asked for, of live allocations.
+    pub fn memory_requested(&self) -> u64 {
+        self.stats.requested_bytes.all_current() as u64
     }
 
     /// `reset_peak_memory_stats`.
@@ -416,9 +435,9 @@ impl<D: Device> Allocator<D> {
         }
         let s = &mut self.stats;
         s.oversize_allocations
-            .apply(allocations - s.oversize_allocations.current);
+            .apply(allocations - s.oversize_allocations.current());
         s.oversize_segments
-            .apply(segments - s.oversize_segments.current);
+            .apply(segments - s.oversize_segments.current());
     }
 
     /// Whether a block of `size` bytes is oversize (≥ `max_split_size`).

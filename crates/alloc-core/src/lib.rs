@@ -17,6 +17,7 @@ extern crate std;
 
 mod allocator;
 mod block;
+mod counters;
 mod device;
 mod error;
 mod expandable;

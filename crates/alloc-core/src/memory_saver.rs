@@ -426,7 +426,7 @@ impl<D: Device> Allocator<D> {
 
     /// Updates the held-memory figure after reserved or paused bytes changed.
     pub(crate) fn note_held(&mut self) {
-        let held = self.stats.reserved_bytes.all.current - self.saver.paused.current;
+        let held = self.stats.reserved_bytes.all_current() - self.saver.paused.current;
         let h = &mut self.saver.held;
         h.current = held;
         h.peak = h.peak.max(held);
@@ -444,7 +444,7 @@ impl<D: Device> Allocator<D> {
     /// The memory saver's figures.
     pub fn saver_stats(&self) -> SaverStats {
         let mut held = self.saver.held;
-        held.current = self.stats.reserved_bytes.all.current - self.saver.paused.current;
+        held.current = self.stats.reserved_bytes.all_current() - self.saver.paused.current;
         let mut tags: BTreeMap<&str, TagStats> = BTreeMap::new();
         for set in self.pools.sets().filter(|&s| self.is_saver_set(s)) {
             let t = self.saver_tag(set);

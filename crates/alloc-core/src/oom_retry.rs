@@ -330,9 +330,9 @@ impl<D: Device> Allocator<D> {
             alloc_size: req.alloc_size,
             total: info.map(|m| m.total).or(self.total_memory),
             free: info.map(|m| m.free),
-            allocated: self.stats.allocated_bytes.all.current as u64,
-            active: self.stats.active_bytes.all.current as u64,
-            reserved: self.stats.reserved_bytes.all.current as u64,
+            allocated: self.stats.allocated_bytes.all_current() as u64,
+            active: self.stats.active_bytes.all_current() as u64,
+            reserved: self.stats.reserved_bytes.all_current() as u64,
             allowed: self.allowed,
         }
     }

@@ -1,39 +1,40 @@
-//! One size-class bin of a block pool: a small ordered map from packed (size, address) keys to
-//! blocks. Bins are usually small (a handful of free blocks), where a sorted `Vec` with binary
-//! search beats any tree; a bin that grows large (thousands of free blocks of one size) switches
-//! to a `BTreeMap` so that no operation degrades to a long memmove, and back when it shrinks.
+//! One size-class bin of a block pool: an ordered set of packed (size, address) keys with their
+//! blocks.
+//!
+//! Best fit takes a bin's lowest key, and a block freed right after is usually the lowest again,
+//! so both ends of a pair work at the low end. The lowest entries therefore sit in a vector
+//! sorted in descending order, where the lowest is the last element: taking it is a `pop` and
+//! putting it back a `push`, with no memmove and no tree walk, whatever the bin holds. Entries
+//! above the vector's range go to a `BTreeMap`, so that no insert in a bin of thousands of
+//! blocks degrades to a long memmove. Every vector key is below every tree key, and the vector
+//! is refilled from the tree when it runs empty, so an empty vector means an empty bin.
 
 use alloc::collections::BTreeMap;
 use alloc::collections::btree_map;
 use alloc::vec::Vec;
+use core::iter::{Chain, Copied, Map, Rev};
 use core::ops::{Bound, RangeBounds};
 
 use crate::block::BlockId;
 
-/// Above this many entries a bin becomes a tree.
-const TO_TREE: usize = 64;
-/// Below this many entries a tree bin becomes a vector again (hysteresis against flapping).
-const TO_VEC: usize = 16;
+/// The vector holds at most this many entries; past it, its upper half moves to the tree.
+const LOW_MAX: usize = 64;
+/// Entries moved between the vector and the tree at a time (hysteresis against flapping).
+const MOVE: usize = 32;
 
-/// An ordered map of u128 keys to blocks, a sorted vector while small.
-#[derive(Debug)]
-pub(crate) enum SortedBin {
-    /// Sorted by key.
-    Small(Vec<(u128, BlockId)>),
-    /// For large bins.
-    Large(BTreeMap<u128, BlockId>),
-}
-
-impl Default for SortedBin {
-    fn default() -> Self {
-        SortedBin::Small(Vec::new())
-    }
+/// An ordered map of u128 keys to blocks: the lowest in a descending vector, the rest in a tree.
+#[derive(Debug, Default)]
+pub(crate) struct SortedBin {
+    /// The lowest entries, sorted by key in descending order.
+    low: Vec<(u128, BlockId)>,
+    /// Entries above every key of `low`.
+    high: BTreeMap<u128, BlockId>,
 }
 
 /// An entry of a [`SortedBin`] and where it sits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Found {
-    /// Its index in a vector bin (unused in a tree bin).
+    /// Its index in the vector, or `usize::MAX` for an entry of the tree.
     at: usize,
     /// Its key.
     pub(crate) key: u128,
@@ -42,48 +43,30 @@ pub(crate) struct Found {
 }
 
 /// Ascending (or, reversed, descending) entries of a [`SortedBin`] within a key range.
-pub(crate) enum Iter<'a> {
-    Small(core::slice::Iter<'a, (u128, BlockId)>),
-    Large(btree_map::Range<'a, u128, BlockId>),
+pub(crate) type Iter<'a> = Chain<
+    Rev<Copied<core::slice::Iter<'a, (u128, BlockId)>>>,
+    Map<btree_map::Range<'a, u128, BlockId>, fn((&u128, &BlockId)) -> (u128, BlockId)>,
+>;
+
+fn entry((&k, &id): (&u128, &BlockId)) -> (u128, BlockId) {
+    (k, id)
 }
 
-impl Iterator for Iter<'_> {
-    type Item = (u128, BlockId);
-
-    #[inline]
-    fn next(&mut self) -> Option<Self::Item> {
-        match self {
-            Iter::Small(it) => it.next().copied(),
-            Iter::Large(it) => it.next().map(|(&k, &v)| (k, v)),
-        }
-    }
-}
-
-impl DoubleEndedIterator for Iter<'_> {
-    #[inline]
-    fn next_back(&mut self) -> Option<Self::Item> {
-        match self {
-            Iter::Small(it) => it.next_back().copied(),
-            Iter::Large(it) => it.next_back().map(|(&k, &v)| (k, v)),
-        }
-    }
-}
-
-/// Index of the first entry not below `bound` (as a range start).
-fn start_index(v: &[(u128, BlockId)], bound: Bound<&u128>) -> usize {
+/// Whether `k` is within the lower bound of a range.
+fn above_start(k: u128, bound: Bound<&u128>) -> bool {
     match bound {
-        Bound::Included(&k) => v.partition_point(|e| e.0 < k),
-        Bound::Excluded(&k) => v.partition_point(|e| e.0 <= k),
-        Bound::Unbounded => 0,
+        Bound::Included(&s) => k >= s,
+        Bound::Excluded(&s) => k > s,
+        Bound::Unbounded => true,
     }
 }
 
-/// Index one past the last entry not above `bound` (as a range end).
-fn end_index(v: &[(u128, BlockId)], bound: Bound<&u128>) -> usize {
+/// Whether `k` is within the upper bound of a range.
+fn below_end(k: u128, bound: Bound<&u128>) -> bool {
     match bound {
-        Bound::Included(&k) => v.partition_point(|e| e.0 <= k),
-        Bound::Excluded(&k) => v.partition_point(|e| e.0 < k),
-        Bound::Unbounded => v.len(),
+        Bound::Included(&e) => k <= e,
+        Bound::Excluded(&e) => k < e,
+        Bound::Unbounded => true,
     }
 }
 
@@ -91,92 +74,129 @@ impl SortedBin {
     /// Whether the bin holds no block.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
-        match self {
-            SortedBin::Small(v) => v.is_empty(),
-            SortedBin::Large(m) => m.is_empty(),
-        }
+        self.low.is_empty()
     }
 
     /// Adds an entry; keys are unique (they contain the block's address).
     #[inline]
     pub(crate) fn insert(&mut self, key: u128, id: BlockId) {
-        match self {
-            SortedBin::Small(v) => {
-                let i = v.partition_point(|e| e.0 < key);
-                v.insert(i, (key, id));
-                if v.len() > TO_TREE {
-                    *self = SortedBin::Large(v.drain(..).collect());
-                }
+        match self.low.last() {
+            // Below the lowest (a block put back after a hit, or an empty bin): a push.
+            None => self.low.push((key, id)),
+            Some(&(lowest, _)) if key < lowest => self.low.push((key, id)),
+            _ => self.insert_slow(key, id),
+        }
+    }
+
+    #[inline(never)]
+    fn insert_slow(&mut self, key: u128, id: BlockId) {
+        // The vector's range is up to its largest key, or anything while the tree is empty.
+        if self.high.is_empty() || key < self.low[0].0 {
+            let at = self.low.partition_point(|e| e.0 > key);
+            self.low.insert(at, (key, id));
+            if self.low.len() > LOW_MAX {
+                // The largest entries are below every tree key: they go to the tree.
+                self.high.extend(self.low.drain(..MOVE));
             }
-            SortedBin::Large(m) => {
-                m.insert(key, id);
-            }
+        } else {
+            self.high.insert(key, id);
         }
     }
 
     /// Removes the entry with `key`; returns whether it was there.
     #[inline]
     pub(crate) fn remove(&mut self, key: u128) -> bool {
-        match self {
-            SortedBin::Small(v) => match v.binary_search_by(|e| e.0.cmp(&key)) {
-                Ok(i) => {
-                    v.remove(i);
-                    true
+        let removed = match self.low.first() {
+            Some(&(largest, _)) if key <= largest => {
+                match self.low.binary_search_by(|e| key.cmp(&e.0)) {
+                    Ok(at) => {
+                        self.low.remove(at);
+                        true
+                    }
+                    Err(_) => false,
                 }
-                Err(_) => false,
-            },
-            SortedBin::Large(m) => {
-                let removed = m.remove(&key).is_some();
-                if m.len() < TO_VEC {
-                    *self = SortedBin::Small(core::mem::take(m).into_iter().collect());
-                }
-                removed
+            }
+            _ => self.high.remove(&key).is_some(),
+        };
+        self.refill();
+        removed
+    }
+
+    /// Moves the tree's lowest entries to the vector once it runs empty.
+    #[inline]
+    fn refill(&mut self) {
+        if self.low.is_empty() && !self.high.is_empty() {
+            self.refill_slow();
+        }
+    }
+
+    #[inline(never)]
+    fn refill_slow(&mut self) {
+        while self.low.len() < MOVE {
+            match self.high.pop_first() {
+                Some(e) => self.low.push(e),
+                None => break,
             }
         }
+        self.low.reverse();
     }
 
     /// The first entry with a key at or above `key`, and its position for [`SortedBin::remove_at`].
     #[inline]
     pub(crate) fn find_from(&self, key: u128) -> Option<Found> {
-        match self {
-            SortedBin::Small(v) => {
-                let at = v.partition_point(|e| e.0 < key);
-                v.get(at).map(|&(key, id)| Found { at, key, id })
-            }
-            SortedBin::Large(m) => {
-                m.range(key..)
-                    .next()
-                    .map(|(&key, &id)| Found { at: 0, key, id })
-            }
+        let &(lowest, id) = self.low.last()?;
+        if lowest >= key {
+            return Some(Found {
+                at: self.low.len() - 1,
+                key: lowest,
+                id,
+            });
         }
+        self.find_from_slow(key)
+    }
+
+    fn find_from_slow(&self, key: u128) -> Option<Found> {
+        // Entries at or above `key` are a prefix of the descending vector.
+        let n = self.low.partition_point(|e| e.0 >= key);
+        if let Some(at) = n.checked_sub(1) {
+            let (key, id) = self.low[at];
+            return Some(Found { at, key, id });
+        }
+        self.high.range(key..).next().map(|(&key, &id)| Found {
+            at: usize::MAX,
+            key,
+            id,
+        })
     }
 
     /// Removes an entry found by [`SortedBin::find_from`] with no change in between: no second
-    /// search in a vector bin.
+    /// search in the vector.
     #[inline]
     pub(crate) fn remove_at(&mut self, found: Found) {
-        match self {
-            SortedBin::Small(v) => {
-                debug_assert_eq!(v[found.at].0, found.key);
-                v.remove(found.at);
-            }
-            SortedBin::Large(_) => {
-                self.remove(found.key);
-            }
+        if found.at == usize::MAX {
+            self.high.remove(&found.key);
+        } else {
+            debug_assert_eq!(self.low[found.at].0, found.key);
+            self.low.remove(found.at);
+            self.refill();
         }
     }
 
     /// Entries within `range`, in key order (reverse it for descending).
-    #[inline]
-    pub(crate) fn range(&self, range: impl RangeBounds<u128>) -> Iter<'_> {
-        match self {
-            SortedBin::Small(v) => {
-                let start = start_index(v, range.start_bound());
-                let end = end_index(v, range.end_bound()).max(start);
-                Iter::Small(v[start..end].iter())
-            }
-            SortedBin::Large(m) => Iter::Large(m.range(range)),
-        }
+    pub(crate) fn range(&self, range: impl RangeBounds<u128> + Clone) -> Iter<'_> {
+        let (start, end) = (range.start_bound(), range.end_bound());
+        // In the descending vector, keys past the end come first and keys before the start last.
+        let first = self.low.partition_point(|e| !below_end(e.0, end));
+        let last = self
+            .low
+            .partition_point(|e| above_start(e.0, start))
+            .max(first);
+        let low: fn((&u128, &BlockId)) -> (u128, BlockId) = entry;
+        self.low[first..last]
+            .iter()
+            .copied()
+            .rev()
+            .chain(self.high.range(range).map(low))
     }
 }
 
@@ -204,7 +224,9 @@ mod tests {
             bin.insert(k, ids[i as usize]);
             model.insert(k, ids[i as usize]);
         }
-        assert!(matches!(bin, SortedBin::Large(_)));
+        // The vector keeps at most 64 of the lowest; the rest went to the tree.
+        assert!(bin.low.len() <= LOW_MAX && bin.high.len() >= 200 - LOW_MAX);
+        assert!(bin.low[0].0 < *bin.high.first_key_value().unwrap().0);
         let check = |bin: &SortedBin, model: &BTreeMap<u128, BlockId>| {
             let all: Vec<_> = bin.range(..).collect();
             let want: Vec<_> = model.iter().map(|(&k, &v)| (k, v)).collect();
@@ -218,13 +240,13 @@ mod tests {
             }
         };
         check(&bin, &model);
-        // Remove most keys: it turns back into a vector below 16.
+        // Remove most keys: the vector runs empty and refills from the tree.
         for i in 0..190u128 {
             let k = i * 10;
             assert_eq!(bin.remove(k), model.remove(&k).is_some());
         }
         assert!(!bin.remove(3));
-        assert!(matches!(bin, SortedBin::Small(_)));
+        assert!(bin.high.is_empty() && bin.low.len() == 10);
         check(&bin, &model);
         // Take the first entry at or after 1905 (1910) by position, then the rest.
         let found = bin.find_from(1905).unwrap();
@@ -236,5 +258,51 @@ mod tests {
             assert_eq!(bin.remove(i * 10), i != 191);
         }
         assert!(bin.is_empty());
+    }
+
+    #[test]
+    fn random_operations_match_an_ordered_map() {
+        let ids = ids(1);
+        let id = ids[0];
+        let mut bin = SortedBin::default();
+        let mut model = BTreeMap::new();
+        // xorshift: keys from a range small enough to repeat, so removes and refills happen.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut saw_tree = false;
+        for step in 0..20_000 {
+            let k = u128::from(next() % 600) << 64 | u128::from(next() % 4);
+            match next() % 4 {
+                0 | 1 if !model.contains_key(&k) => {
+                    bin.insert(k, id);
+                    model.insert(k, id);
+                }
+                2 => assert_eq!(bin.remove(k), model.remove(&k).is_some(), "step {step}"),
+                _ => {
+                    let want = model.range(k..).next().map(|(&k, _)| k);
+                    let found = bin.find_from(k);
+                    assert_eq!(found.map(|f| f.key), want, "step {step}");
+                    if let Some(found) = found {
+                        bin.remove_at(found);
+                        model.remove(&found.key);
+                    }
+                }
+            }
+            assert_eq!(bin.is_empty(), model.is_empty());
+            saw_tree |= !bin.high.is_empty();
+            if step % 97 == 0 {
+                let all: Vec<_> = bin.range(k..).map(|e| e.0).collect();
+                assert_eq!(all, model.range(k..).map(|e| *e.0).collect::<Vec<_>>());
+                let below: Vec<_> = bin.range(..k).rev().map(|e| e.0).collect();
+                let want: Vec<_> = model.range(..k).rev().map(|e| *e.0).collect();
+                assert_eq!(below, want);
+            }
+        }
+        assert!(saw_tree, "the bin grew past its vector");
     }
 }

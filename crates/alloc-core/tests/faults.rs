@@ -31,12 +31,12 @@ fn a_malloc_error_other_than_oom_is_returned_and_changes_no_stat() {
     let x = a.malloc(4096, S0).unwrap();
     a.device_mut()
         .fail_nth(DeviceCall::Malloc, 1, Fault::Error(7));
-    let before = a.stats().clone();
+    let before = a.stats();
     assert_eq!(
         a.malloc(30 * MIB, S0),
         Err(AllocError::Device(injected(DeviceCall::Malloc, 7)))
     );
-    assert_eq!(a.stats(), &before, "no retry, no OOM, no stat");
+    assert_eq!(a.stats(), before, "no retry, no OOM, no stat");
     assert_eq!(
         a.device().calls(DeviceCall::Malloc),
         2,
@@ -116,12 +116,12 @@ fn a_failed_record_and_synchronize_fail_the_free_and_keep_the_allocation() {
         .fail_nth(DeviceCall::RecordEvent, 2, Fault::Error(5));
     a.device_mut()
         .fail_nth(DeviceCall::Synchronize, 1, Fault::Error(6));
-    let before = a.stats().clone();
+    let before = a.stats();
     assert_eq!(
         a.free(x),
         Err(FreeError::Device(injected(DeviceCall::RecordEvent, 5)))
     );
-    assert_eq!(a.stats(), &before);
+    assert_eq!(a.stats(), before);
     assert_eq!(
         a.device().outstanding_events(),
         0,
@@ -144,12 +144,12 @@ fn an_event_query_error_fails_malloc_and_keeps_the_block_pending() {
     a.device_mut().complete_stream(S1);
     a.device_mut()
         .fail_nth(DeviceCall::EventDone, 1, Fault::Error(8));
-    let before = a.stats().clone();
+    let before = a.stats();
     assert_eq!(
         a.malloc(4096, S0),
         Err(AllocError::Device(injected(DeviceCall::EventDone, 8)))
     );
-    assert_eq!(a.stats(), &before);
+    assert_eq!(a.stats(), before);
     assert_eq!(a.pending_events(), 1);
     check_consistency(&a);
     assert_eq!(

@@ -12,11 +12,11 @@ fn changes_nothing<T>(
     a: &mut Allocator<TestDevice>,
     misuse: impl FnOnce(&mut Allocator<TestDevice>) -> T,
 ) -> T {
-    let stats = a.stats().clone();
+    let stats = a.stats();
     let calls = DeviceCall::ALL.map(|c| a.device().calls(c));
     let snapshot = a.snapshot();
     let result = misuse(a);
-    assert_eq!(a.stats(), &stats);
+    assert_eq!(a.stats(), stats);
     assert_eq!(DeviceCall::ALL.map(|c| a.device().calls(c)), calls);
     assert_eq!(a.snapshot(), snapshot);
     check_consistency(a);

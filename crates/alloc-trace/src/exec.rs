@@ -718,7 +718,7 @@ impl Executor {
         self.counts.ops += 1;
         self.last_line = op.line;
         let before = self.checks.is_some().then(|| Before {
-            stats: self.alloc.stats().clone(),
+            stats: self.alloc.stats(),
             calls: self.calls(),
             expandable: self.alloc.conf().expandable_segments,
         });
@@ -761,7 +761,7 @@ impl Executor {
                 };
                 self.slots[id.index()] = match result {
                     Ok(addr) => {
-                        let requested = self.alloc.stats().requested_bytes.all.current as u64;
+                        let requested = self.alloc.memory_requested();
                         self.peak_requested = self.peak_requested.max(requested);
                         Slot::Live {
                             addr,
@@ -850,7 +850,7 @@ impl Executor {
                 self.records.push(StatsRecord {
                     label: label.clone().unwrap_or_else(|| format!("line {}", op.line)),
                     line: op.line,
-                    stats: self.alloc.stats().clone(),
+                    stats: self.alloc.stats(),
                 });
                 Outcome::Done
             }
@@ -1416,7 +1416,7 @@ impl Executor {
     /// Fails unless the stats equal `expected`.
     fn stats_are(&self, expected: &DeviceStats, what: &str) -> Result<(), CheckError> {
         let now = self.alloc.stats();
-        if now == expected {
+        if now == *expected {
             return Ok(());
         }
         let changed: Vec<String> = now
@@ -1637,7 +1637,7 @@ impl Executor {
                     need > capacity
                 };
                 // The limit counts torch's reserved bytes, paused ones included.
-                let counted = self.alloc.stats().reserved_bytes.all.current as u64;
+                let counted = self.alloc.memory_reserved();
                 let limited = self
                     .alloc
                     .allowed_memory()
@@ -1934,7 +1934,7 @@ impl Executor {
             end: StatsRecord {
                 label: "end".into(),
                 line: self.last_line,
-                stats: self.alloc.stats().clone(),
+                stats: self.alloc.stats(),
             },
             records: self.records,
             counts: self.counts,

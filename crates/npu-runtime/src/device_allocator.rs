@@ -286,7 +286,7 @@ impl<D: Device> DeviceAllocator<D> {
 
     /// A copy of the stats.
     pub(crate) fn stats(&self) -> DeviceStats {
-        self.lock().stats().clone()
+        self.lock().stats()
     }
 
     /// `reset_peak_memory_stats`.

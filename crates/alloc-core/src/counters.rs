@@ -1,0 +1,359 @@
+//! The statistics as the hot path keeps them: every value of torch's `memory_stats()` stays
+//! exact, but a malloc or free does little work for it.
+//!
+//! torch updates current, peak, allocated and freed of "all" and of the pool at each change.
+//! Here each pool keeps only its current value, its peak and its total of increases; a decrease
+//! is one subtraction. The rest is derived when [`Counters::report`] builds the [`DeviceStats`]:
+//! - freed = (current at the last accumulated reset) + allocated − current, since every change
+//!   since that reset is an increase or a decrease;
+//! - "all" current, allocated and freed are the sums of the pools';
+//! - only the peak of "all" is kept apart (a peak of a sum is not the sum of peaks), moved on
+//!   increases only, as a decrease cannot raise it.
+//!
+//! Totals stop at `i64::MAX`, as [`Stat`] documents. A pool's total of increases stops at
+//! `u64::MAX` instead, which keeps the derivation exact below it and reports `i64::MAX` at it:
+//! a freed total derived from a stopped sum is at least `u64::MAX − i64::MAX`, and so is the
+//! true one.
+
+use crate::size::PoolKind;
+use crate::stats::{DeviceStats, Stat, StatArray};
+
+/// `n` as a signed change: past `i64::MAX` it counts as `i64::MAX`, as in [`Stat::increase`].
+#[inline]
+fn signed(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// A total reported as torch's int64, stopping at `i64::MAX`.
+#[inline]
+fn total(n: i128) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// One statistic of one pool (or one without pools, such as the oversize counts).
+///
+/// Inside the allocator `current` never leaves `0..=i64::MAX`: byte values are bounded by the
+/// reserve and counts by the number of blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Counter {
+    current: i64,
+    peak: i64,
+    /// Sum of increases since the accumulated reset, stopping at `u64::MAX`.
+    added: u64,
+    /// `current` at the accumulated reset.
+    base: i64,
+}
+
+impl Counter {
+    /// torch's `increase_stat`.
+    #[inline]
+    pub(crate) fn increase(&mut self, n: u64) {
+        let n = signed(n);
+        self.current = self.current.wrapping_add(n);
+        self.peak = self.peak.max(self.current);
+        self.added = self.added.saturating_add(n as u64);
+    }
+
+    /// torch's `decrease_stat`.
+    #[inline]
+    pub(crate) fn decrease(&mut self, n: u64) {
+        self.current = self.current.wrapping_sub(signed(n));
+    }
+
+    /// A signed net change as one increase or one decrease, as torch applies it; without
+    /// branches (the sign of a merge's net change is data-dependent).
+    #[inline]
+    pub(crate) fn apply(&mut self, delta: i64) {
+        self.current = self.current.wrapping_add(delta);
+        self.peak = self.peak.max(self.current);
+        self.added = self.added.saturating_add(delta.max(0) as u64);
+    }
+
+    /// The value now.
+    #[inline]
+    pub(crate) fn current(&self) -> i64 {
+        self.current
+    }
+
+    /// Exact total of decreases since the accumulated reset (below the stop of `added`).
+    fn freed(&self) -> i128 {
+        i128::from(self.base) + i128::from(self.added) - i128::from(self.current)
+    }
+
+    /// The reported statistic.
+    pub(crate) fn stat(&self) -> Stat {
+        Stat {
+            current: self.current,
+            peak: self.peak,
+            allocated: total(i128::from(self.added)),
+            freed: total(self.freed()),
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.added = 0;
+        self.base = self.current;
+    }
+}
+
+/// One statistic kept per pool, reported for "all" and each pool: torch's `StatArray`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PoolCounters {
+    /// Indexed by [`pool_index`].
+    pools: [Counter; 2],
+    /// Peak of the sum of the pools' current values.
+    all_peak: i64,
+}
+
+/// The slot of `pool` in [`PoolCounters`].
+#[inline]
+fn pool_index(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
+}
+
+impl PoolCounters {
+    /// Increases `pool` (and so "all") by `n`.
+    #[inline]
+    pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
+        self.pools[pool_index(pool)].increase(n);
+        self.all_peak = self.all_peak.max(self.all_current());
+    }
+
+    /// Decreases `pool` (and so "all") by `n`.
+    #[inline]
+    pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
+        self.pools[pool_index(pool)].decrease(n);
+    }
+
+    /// Applies a net change to `pool` (and so "all").
+    #[inline]
+    pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
+        self.pools[pool_index(pool)].apply(delta);
+        self.all_peak = self.all_peak.max(self.all_current());
+    }
+
+    /// The current value for all pools together.
+    #[inline]
+    pub(crate) fn all_current(&self) -> i64 {
+        let [small, large] = &self.pools;
+        small.current.wrapping_add(large.current)
+    }
+
+    /// torch's `StatArray` for this statistic.
+    pub(crate) fn report(&self) -> StatArray {
+        let [small, large] = &self.pools;
+        StatArray {
+            all: Stat {
+                current: self.all_current(),
+                peak: self.all_peak,
+                allocated: total(i128::from(small.added) + i128::from(large.added)),
+                freed: total(small.freed() + large.freed()),
+            },
+            small_pool: small.stat(),
+            large_pool: large.stat(),
+        }
+    }
+
+    fn reset_peak(&mut self) {
+        self.pools.iter_mut().for_each(Counter::reset_peak);
+        self.all_peak = self.all_current();
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.pools.iter_mut().for_each(Counter::reset_accumulated);
+    }
+}
+
+/// Every statistic of one device, in the form the hot path updates; [`Counters::report`] gives
+/// torch's [`DeviceStats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    pub(crate) allocation: PoolCounters,
+    pub(crate) segment: PoolCounters,
+    pub(crate) active: PoolCounters,
+    pub(crate) inactive_split: PoolCounters,
+    pub(crate) allocated_bytes: PoolCounters,
+    pub(crate) reserved_bytes: PoolCounters,
+    pub(crate) active_bytes: PoolCounters,
+    pub(crate) inactive_split_bytes: PoolCounters,
+    pub(crate) requested_bytes: PoolCounters,
+    pub(crate) oversize_allocations: Counter,
+    pub(crate) oversize_segments: Counter,
+    pub(crate) num_alloc_retries: u64,
+    pub(crate) num_ooms: u64,
+    pub(crate) num_sync_all_streams: u64,
+    pub(crate) num_device_alloc: u64,
+    pub(crate) num_device_free: u64,
+    pub(crate) max_split_size: Option<u64>,
+}
+
+impl Counters {
+    fn arrays_mut(&mut self) -> [&mut PoolCounters; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+
+    /// torch's `reset_peak_memory_stats`: every peak becomes the current value.
+    pub(crate) fn reset_peak(&mut self) {
+        self.arrays_mut()
+            .into_iter()
+            .for_each(PoolCounters::reset_peak);
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// torch's `reset_accumulated_memory_stats`: allocated/freed totals and the `num_*` counters
+    /// go to 0; `max_split_size` stays.
+    pub(crate) fn reset_accumulated(&mut self) {
+        self.arrays_mut()
+            .into_iter()
+            .for_each(PoolCounters::reset_accumulated);
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    /// torch's `DeviceStats`.
+    pub(crate) fn report(&self) -> DeviceStats {
+        DeviceStats {
+            allocation: self.allocation.report(),
+            segment: self.segment.report(),
+            active: self.active.report(),
+            inactive_split: self.inactive_split.report(),
+            allocated_bytes: self.allocated_bytes.report(),
+            reserved_bytes: self.reserved_bytes.report(),
+            active_bytes: self.active_bytes.report(),
+            inactive_split_bytes: self.inactive_split_bytes.report(),
+            requested_bytes: self.requested_bytes.report(),
+            oversize_allocations: self.oversize_allocations.stat(),
+            oversize_segments: self.oversize_segments.stat(),
+            num_alloc_retries: self.num_alloc_retries,
+            num_ooms: self.num_ooms,
+            num_sync_all_streams: self.num_sync_all_streams,
+            num_device_alloc: self.num_device_alloc,
+            num_device_free: self.num_device_free,
+            num_oom_rejections: 0,
+            max_split_size: self.max_split_size,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::DeviceStats;
+
+    /// Applies the same changes to the counters and to torch's model ([`StatArray`]'s
+    /// increase/decrease/apply), checking the report after each.
+    #[test]
+    fn report_equals_torchs_update_rule_step_by_step() {
+        let mut fast = Counters::default();
+        let mut model = DeviceStats::default();
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..5_000 {
+            let pool = if next() % 2 == 0 {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
+            let n = next() % 1000;
+            // Keep current non-negative, as inside the allocator.
+            let cur = model.active_bytes.pool(pool).current as u64;
+            match next() % 6 {
+                0 | 1 => {
+                    fast.active_bytes.increase(pool, n);
+                    model.active_bytes.increase(pool, n);
+                }
+                2 | 3 => {
+                    fast.active_bytes.decrease(pool, n.min(cur));
+                    model.active_bytes.decrease(pool, n.min(cur));
+                }
+                4 => {
+                    let delta = n as i64 - cur.min(500) as i64;
+                    fast.active_bytes.apply(pool, delta);
+                    model.active_bytes.apply(pool, delta);
+                }
+                _ => match next() % 8 {
+                    0 => {
+                        fast.reset_peak();
+                        model.reset_peak();
+                    }
+                    1 => {
+                        fast.reset_accumulated();
+                        model.reset_accumulated();
+                    }
+                    _ => {}
+                },
+            }
+            assert_eq!(fast.report(), model, "step {step}");
+        }
+    }
+
+    #[test]
+    fn totals_stop_at_i64_max() {
+        let mut c = PoolCounters::default();
+        c.increase(PoolKind::Large, 10);
+        c.decrease(PoolKind::Large, 4);
+        // Close to the top: the "all" sum passes i64::MAX first, then the pool's own.
+        c.pools[1].added = i64::MAX as u64 - 3;
+        c.increase(PoolKind::Small, 5);
+        let r = c.report();
+        assert_eq!(
+            (r.all.allocated, r.large_pool.allocated),
+            (i64::MAX, i64::MAX - 3)
+        );
+        c.increase(PoolKind::Large, 100);
+        c.decrease(PoolKind::Large, 100);
+        let r = c.report();
+        assert_eq!(r.large_pool.current, 6);
+        assert_eq!(r.large_pool.allocated, i64::MAX);
+        assert_eq!(
+            r.small_pool,
+            Stat {
+                current: 5,
+                peak: 5,
+                allocated: 5,
+                freed: 0
+            }
+        );
+        // Past u64::MAX increases: the freed total derived from the stopped sum is i64::MAX,
+        // as the true one would be.
+        c.pools[1].added = u64::MAX - 1;
+        c.increase(PoolKind::Large, 50);
+        c.decrease(PoolKind::Large, 56);
+        let r = c.report();
+        assert_eq!(r.large_pool.freed, i64::MAX);
+        assert_eq!(r.all.freed, i64::MAX);
+        assert_eq!(r.large_pool.current, 0);
+        // A change past i64::MAX counts as i64::MAX.
+        let mut one = Counter::default();
+        one.increase(u64::MAX);
+        assert_eq!(one.stat().current, i64::MAX);
+    }
+}
