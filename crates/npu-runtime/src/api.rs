@@ -19,7 +19,7 @@ use crate::error::RuntimeError;
 use crate::no_caching::Uncached;
 use crate::route::Span;
 use crate::summary;
-use crate::sync::{Arc, Mutex, OnceSlot};
+use crate::sync::{Arc, AtomicU64, Mutex, OnceSlot};
 
 /// The runtime over ACL: what a program uses.
 pub type NpuAllocator = Runtime<AclDevice>;
@@ -118,6 +118,9 @@ pub struct Runtime<D: Device> {
     )>,
     /// Tells this runtime's scopes apart in the thread-local scope stack (`scope`).
     pub(crate) id: u64,
+    /// Scopes of this runtime open on any thread: while there are none, a malloc skips the
+    /// thread-local lookup.
+    pub(crate) open_scopes: AtomicU64,
 }
 
 impl<D> Runtime<D>
@@ -144,6 +147,7 @@ where
             history: Mutex::new(None),
             host: Mutex::new((alloc_core::HostQueue::None, None)),
             id: crate::scope::next_runtime_id(),
+            open_scopes: AtomicU64::new(0),
         }
     }
 
@@ -287,12 +291,23 @@ where
         addr: u64,
         op: impl Fn(&Entry<D>) -> Result<(), D::Error>,
     ) -> Result<(), D::Error> {
-        let candidates = self.devices.iter().filter(|slot| slot.span.may_hold(addr));
-        let opened = candidates.filter_map(|slot| slot.entry.get().map(|(_, e)| e));
-        match first_answer(opened, &op) {
-            Some(answer) => answer,
-            None => self.route_slow(addr, op),
+        // A plain loop: this runs on every free, and the iterator chain cost instructions.
+        for slot in &self.devices {
+            if !slot.span.may_hold(addr) {
+                continue;
+            }
+            if let Some((_, entry)) = slot.entry.get() {
+                let answer = op(entry);
+                // `Ok` first: returning it as `Ok(())` copies no error-sized value.
+                if answer.is_ok() {
+                    return Ok(());
+                }
+                if !foreign(&answer) {
+                    return answer;
+                }
+            }
         }
+        self.route_slow(addr, op)
     }
 
     /// The second pass of [`Runtime::route`]. A device asked in the first pass may be asked

@@ -15,8 +15,9 @@ use alloc_core::{Device, PoolId, SaverError, SaverStats};
 use crate::api::{Entry, Runtime};
 use crate::device_allocator::DeviceAllocator;
 use crate::error::RuntimeError;
-use crate::sync::global::{AtomicU64, Ordering};
+use crate::sync::global;
 use crate::sync::thread_local;
+use crate::sync::{AtomicU64, Ordering};
 use crate::warn_once::warn_once;
 
 /// One open scope of this thread.
@@ -37,8 +38,8 @@ thread_local! {
 
 /// A new runtime's id, for telling its scopes apart.
 pub(crate) fn next_runtime_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
+    static NEXT: global::AtomicU64 = global::AtomicU64::new(1);
+    NEXT.fetch_add(1, global::Ordering::Relaxed)
 }
 
 /// A private pool of one device, held until dropped (torch's `MemPool`): dropping it releases
@@ -83,6 +84,11 @@ where
     /// runtime on that device.
     #[inline]
     pub(crate) fn routed_pool(&self, device: u32) -> Option<PoolId> {
+        // This thread's own scopes were counted before this call (same-thread order), so zero
+        // means none of them is open; another thread's count only sends us to the lookup.
+        if self.open_scopes.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         SCOPES.with(|s| {
             let s = s.borrow();
             if s.is_empty() {
@@ -152,20 +158,24 @@ where
     /// [`Runtime::end_use_pool`].
     pub fn begin_use_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
         self.caching(device)?.with(|a| a.retain_pool(pool))?;
-        push(Scope {
-            runtime: self.id,
-            device,
-            pool,
-            region: false,
-        });
+        push(
+            &self.open_scopes,
+            Scope {
+                runtime: self.id,
+                device,
+                pool,
+                region: false,
+            },
+        );
         Ok(())
     }
 
     /// Stops routing this thread's allocations to `pool` (its innermost scope on `device`) and
     /// drops that hold on it (torch's `endAllocateToPool` and `releasePool`).
     pub fn end_use_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
-        let found =
-            remove(|s| s.runtime == self.id && s.device == device && s.pool == pool && !s.region);
+        let found = remove(&self.open_scopes, |s| {
+            s.runtime == self.id && s.device == device && s.pool == pool && !s.region
+        });
         if !found {
             return Err(RuntimeError::ScopeNotOpen);
         }
@@ -206,23 +216,22 @@ where
             a.retain_pool(pool)?;
             Ok::<_, alloc_core::PoolError>(pool)
         })?;
-        push(Scope {
-            runtime: self.id,
-            device,
-            pool,
-            region: true,
-        });
+        push(
+            &self.open_scopes,
+            Scope {
+                runtime: self.id,
+                device,
+                pool,
+                region: true,
+            },
+        );
         Ok(pool)
     }
 
     /// Leaves this thread's innermost memory-saver region on `device`.
     pub fn end_region(&self, device: u32) -> Result<(), RuntimeError<D::Error>> {
-        let scope = SCOPES.with(|s| {
-            let mut s = s.borrow_mut();
-            let i = s
-                .iter()
-                .rposition(|x| x.runtime == self.id && x.device == device && x.region)?;
-            Some(s.remove(i))
+        let scope = take(&self.open_scopes, |x| {
+            x.runtime == self.id && x.device == device && x.region
         });
         let scope = scope.ok_or(RuntimeError::ScopeNotOpen)?;
         Ok(self.caching(device)?.with(|a| a.release_pool(scope.pool))?)
@@ -308,23 +317,29 @@ where
     }
 }
 
-/// Opens a scope on this thread.
-fn push(scope: Scope) {
+/// Opens a scope on this thread, counted in its runtime's `open`.
+fn push(open: &AtomicU64, scope: Scope) {
     SCOPES.with(|s| s.borrow_mut().push(scope));
+    open.fetch_add(1, Ordering::Relaxed);
 }
 
-/// Removes this thread's innermost scope matching `is`; whether there was one.
-fn remove(is: impl Fn(&Scope) -> bool) -> bool {
-    SCOPES.with(|s| {
+/// Removes this thread's innermost scope matching `is` (and its count in `open`); whether there
+/// was one.
+fn remove(open: &AtomicU64, is: impl Fn(&Scope) -> bool) -> bool {
+    take(open, is).is_some()
+}
+
+/// [`remove`], returning the scope.
+fn take(open: &AtomicU64, is: impl Fn(&Scope) -> bool) -> Option<Scope> {
+    let scope = SCOPES.with(|s| {
         let mut s = s.borrow_mut();
-        match s.iter().rposition(is) {
-            Some(i) => {
-                s.remove(i);
-                true
-            }
-            None => false,
-        }
-    })
+        let i = s.iter().rposition(is)?;
+        Some(s.remove(i))
+    });
+    if scope.is_some() {
+        open.fetch_sub(1, Ordering::Relaxed);
+    }
+    scope
 }
 
 /// Logs an error a destructor cannot return.
@@ -349,7 +364,7 @@ impl<D: Device> Drop for MemPool<'_, D> {
 impl<D: Device> Drop for ScopeGuard<'_, D> {
     fn drop(&mut self) {
         let scope = self.scope;
-        let found = remove(|s| *s == scope);
+        let found = remove(&self.runtime.open_scopes, |s| *s == scope);
         if !found {
             return;
         }
