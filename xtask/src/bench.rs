@@ -20,7 +20,8 @@ pub(crate) struct Args {
     /// Only the fragmentation report (replays of the shipped traces; no timing).
     #[arg(long)]
     fragmentation: bool,
-    /// Only the instructions of one cache-hit malloc + free pair, counted by valgrind's
+    /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
+    /// blocks, split/merge churn, runtime), counted by valgrind's
     /// callgrind (steady where wall time on a shared machine is not).
     #[arg(long)]
     instructions: bool,
@@ -389,13 +390,8 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
 /// Runs `cargo xtask bench`.
 pub(crate) fn run(args: Args) -> ExitCode {
     if args.instructions {
-        return match instructions_per_pair() {
-            Ok(per_pair) => {
-                println!(
-                    "core hit pair (256 cached blocks): {per_pair:.1} instructions (callgrind)"
-                );
-                ExitCode::SUCCESS
-            }
+        return match instruction_counts() {
+            Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("cargo xtask bench --instructions: {e}");
                 ExitCode::FAILURE
@@ -422,29 +418,60 @@ pub(crate) fn run(args: Args) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Instructions of one hit pair: two callgrind runs of `alloc-core`'s `hit_pairs` example with
-/// different pair counts, the difference divided by the difference of counts.
-fn instructions_per_pair() -> Result<f64, String> {
+/// The pairs `--instructions` counts: (label, package, example, its arguments after the count).
+const INSTRUCTION_CASES: [(&str, &str, &str, &[&str]); 4] = [
+    (
+        "core hit pair, fenced, 256 cached blocks",
+        "alloc-core",
+        "hit_pairs",
+        &["fenced", "256"],
+    ),
+    (
+        "core hit pair, fenced, 65,536 cached blocks",
+        "alloc-core",
+        "hit_pairs",
+        &["fenced", "65536"],
+    ),
+    (
+        "core hit pair, split/merge churn (core_hit/256)",
+        "alloc-core",
+        "hit_pairs",
+        &["churn", "256"],
+    ),
+    (
+        "runtime hit pair (runtime_hit)",
+        "npu-runtime",
+        "runtime_pairs",
+        &[],
+    ),
+];
+
+/// Prints the instructions of each hit pair of [`INSTRUCTION_CASES`].
+fn instruction_counts() -> Result<(), String> {
+    for (label, package, example, args) in INSTRUCTION_CASES {
+        let per_pair = instructions_per_pair(package, example, args)?;
+        println!("{label}: {per_pair:.1} instructions (callgrind)");
+    }
+    Ok(())
+}
+
+/// Instructions of one pair: two callgrind runs of `example` with different pair counts, the
+/// difference divided by the difference of counts (the set-up cancels out).
+fn instructions_per_pair(package: &str, example: &str, args: &[&str]) -> Result<f64, String> {
     let built = crate::cargo::cargo()
-        .args([
-            "build",
-            "--release",
-            "-p",
-            "alloc-core",
-            "--example",
-            "hit_pairs",
-        ])
+        .args(["build", "--release", "-p", package, "--example", example])
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
     if !built.success() {
-        return Err("building the hit_pairs example failed".into());
+        return Err(format!("building the {example} example failed"));
     }
-    let exe = crate::cargo::workspace_root().join("target/release/examples/hit_pairs");
+    let exe = crate::cargo::workspace_root().join(format!("target/release/examples/{example}"));
     let count = |pairs: u64| -> Result<u64, String> {
         let out = std::process::Command::new("valgrind")
             .args(["--tool=callgrind", "--callgrind-out-file=/dev/null"])
             .arg(&exe)
             .arg(pairs.to_string())
+            .args(args)
             .output()
             .map_err(|e| format!("running valgrind (is it installed?): {e}"))?;
         let text = String::from_utf8_lossy(&out.stderr);

@@ -10,9 +10,6 @@ use alloc_trace::workload::hit_size;
 use npu_runtime::{Config, Runtime};
 
 fn main() {
-    if std::env::var_os("SIZES").is_some() {
-        sizes();
-    }
     let pairs: u64 = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
@@ -33,19 +30,4 @@ fn main() {
             .expect("a cache hit");
         rt.free(black_box(p)).expect("just allocated");
     }
-}
-#[allow(dead_code)]
-fn sizes() {
-    eprintln!(
-        "AllocError {}",
-        std::mem::size_of::<alloc_core::AllocError<alloc_sim::SimError>>()
-    );
-    eprintln!(
-        "RuntimeError {}",
-        std::mem::size_of::<npu_runtime::RuntimeError<alloc_sim::SimError>>()
-    );
-    eprintln!(
-        "FreeError {}",
-        std::mem::size_of::<alloc_core::FreeError<alloc_sim::SimError>>()
-    );
 }
