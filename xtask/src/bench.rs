@@ -21,7 +21,7 @@ pub(crate) struct Args {
     #[arg(long)]
     fragmentation: bool,
     /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
-    /// blocks, split/merge churn, runtime), counted by valgrind's
+    /// blocks, split/merge churn, runtime, and offset-allocator's), counted by valgrind's
     /// callgrind (steady where wall time on a shared machine is not).
     #[arg(long)]
     instructions: bool,
@@ -419,7 +419,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 }
 
 /// The pairs `--instructions` counts: (label, package, example, its arguments after the count).
-const INSTRUCTION_CASES: [(&str, &str, &str, &[&str]); 4] = [
+const INSTRUCTION_CASES: [(&str, &str, &str, &[&str]); 5] = [
     (
         "core hit pair, fenced, 256 cached blocks",
         "alloc-core",

@@ -117,6 +117,7 @@ impl<D: Device> Allocator<D> {
 
     /// Checks and sizes a request: `Ok(None)` for a zero-size one. Runs `process_events` first,
     /// as torch's malloc does.
+    #[inline(always)]
     pub(crate) fn request(
         &mut self,
         size: u64,

@@ -56,7 +56,7 @@ impl<S: Ord + Copy> BlockPool<S> {
     }
 
     /// Puts a free block into the pool and starts its GC age.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, blocks: &mut Blocks<S>, id: BlockId) {
         let block = &mut blocks[id];
         block.gc_base = self.lookups;

@@ -161,7 +161,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn free_block(&mut self, id: BlockId) {
         if self.history.is_some() {
             let b = &self.blocks[id];
