@@ -444,6 +444,12 @@ const INSTRUCTION_CASES: [(&str, &str, &str, &[&str]); 5] = [
         "runtime_pairs",
         &[],
     ),
+    (
+        "offset-allocator pair, fenced, 256 blocks (the reference)",
+        "alloc-core",
+        "hit_pairs",
+        &["offset", "256"],
+    ),
 ];
 
 /// Prints the instructions of each hit pair of [`INSTRUCTION_CASES`].
