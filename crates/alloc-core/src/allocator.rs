@@ -129,7 +129,8 @@ pub(crate) struct Request<S> {
     pub(crate) pool: PoolKind,
     /// The pool set it is served from (0: the default pools).
     pub(crate) set: PoolSet,
-    /// The segment size to ask the device for on a miss.
+    /// The segment size to ask the device for on a miss (torch's `alloc_size`): 0 until
+    /// `miss` computes it, under the same lock as the rounding.
     pub(crate) alloc_size: u64,
 }
 

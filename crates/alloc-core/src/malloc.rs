@@ -144,7 +144,8 @@ impl<D: Device> Allocator<D> {
             size: rounded,
             pool: PoolKind::for_size(rounded),
             set,
-            alloc_size: size::allocation_size(rounded, &self.conf),
+            // Only a miss needs it: `miss` computes it.
+            alloc_size: 0,
         }))
     }
 

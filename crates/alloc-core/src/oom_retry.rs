@@ -92,7 +92,8 @@ pub enum MallocStep<E, S> {
 
 impl<D: Device> Allocator<D> {
     /// The miss path from its start: GC if enabled, then the first segment request.
-    pub(crate) fn miss(&mut self, req: Request<D::Stream>) -> MallocStep<D::Error, D::Stream> {
+    pub(crate) fn miss(&mut self, mut req: Request<D::Stream>) -> MallocStep<D::Error, D::Stream> {
+        req.alloc_size = crate::size::allocation_size(req.size, &self.conf);
         if self.limits_pending() {
             self.refresh_limits();
         }
