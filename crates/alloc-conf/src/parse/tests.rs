@@ -721,6 +721,12 @@ fn constraint_5_segment_size_and_large_segment_size() {
         clean("expandable_segments:True,large_segment_size_mb:64").segment_size,
         64 * MIB
     );
+    // ... and without segment_size_mb's 20..=512 range: torch_npu's
+    // get_custom_expandable_segment_size returns large_segment_size whenever it is not 20 MiB.
+    assert_eq!(
+        clean("expandable_segments:True,large_segment_size_mb:12").segment_size,
+        12 * MIB
+    );
     // Without expandable segments segment_size_mb gets only its first warning (ineffective),
     // but large_segment_size_mb still wins.
     let p = one(
