@@ -15,13 +15,16 @@ where
     /// memory in its retry chain or GC, and the hook that drains the host's queue and
     /// synchronizes a device (called without any npu-alloc lock held, as torch_npu's
     /// `UnlockGuard` does). With [`HostQueue::SyncFirst`] and no hook, or a hook that fails,
-    /// nothing is released and the malloc runs out of memory (with a warning once).
+    /// nothing is released and the malloc runs out of memory (with a warning once). Without
+    /// caching (`PYTORCH_NO_NPU_MEMORY_CACHING`), each free calls the hook before it
+    /// synchronizes the device, as torch_npu's `uncached_delete` drains its queue.
     pub fn set_host_queue(&self, host_queue: HostQueue, hook: Option<SyncHook>) {
         let mut host = self.host.lock();
         *host = (host_queue, hook);
         for entry in self.opened_all() {
-            if let Entry::Caching(a) = entry {
-                a.set_host_queue(host.0, host.1.clone());
+            match entry {
+                Entry::Caching(a) => a.set_host_queue(host.0, host.1.clone()),
+                Entry::Uncached(u) => u.set_sync_hook(host.1.clone()),
             }
         }
     }
@@ -29,8 +32,12 @@ where
     /// Applies the host-queue setting to a device that has just opened.
     pub(crate) fn catch_up_host_queue(&self, entry: &Entry<D>) {
         let host = self.host.lock();
-        if let (Entry::Caching(a), true) = (entry, host.0 != HostQueue::None) {
-            a.set_host_queue(host.0, host.1.clone());
+        match entry {
+            Entry::Caching(a) if host.0 != HostQueue::None => {
+                a.set_host_queue(host.0, host.1.clone());
+            }
+            Entry::Caching(_) => {}
+            Entry::Uncached(u) => u.set_sync_hook(host.1.clone()),
         }
     }
 }

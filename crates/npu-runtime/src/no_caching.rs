@@ -1,12 +1,17 @@
 //! `PYTORCH_NO_NPU_MEMORY_CACHING=1`: no cache. Each `malloc` is a device malloc of the size
 //! plus the pad (torch_npu's Align32 of size + 32), each `free` synchronizes the device and
 //! frees. As in torch, no statistics are kept.
+//!
+//! torch_npu's `uncached_delete` synchronizes with `npuSynchronizeDevice`, which first drains
+//! its host task queue: work queued there may still use the memory. So a free calls the host's
+//! synchronize hook ([`Runtime::set_host_queue`](crate::Runtime::set_host_queue)) first when one
+//! is set, without any lock held, then synchronizes the device itself.
 
 use std::collections::HashMap;
 
 use alloc_core::{AllocError, Device, DeviceError, FreeError, OutOfMemory, size::MAX_REQUEST};
 
-use crate::device_allocator::Shared;
+use crate::device_allocator::{Shared, SyncHook};
 use crate::error::RuntimeError;
 use crate::sync::Mutex;
 
@@ -16,6 +21,8 @@ pub(crate) struct Uncached<D> {
     pad: u64,
     device: Shared<D>,
     live: Mutex<HashMap<u64, u64>>,
+    /// The host's synchronize hook, called before each free.
+    sync_hook: Mutex<Option<SyncHook>>,
 }
 
 impl<D: Device> Uncached<D> {
@@ -26,7 +33,13 @@ impl<D: Device> Uncached<D> {
             pad,
             device,
             live: Mutex::new(HashMap::new()),
+            sync_hook: Mutex::new(None),
         }
+    }
+
+    /// The hook that drains the host's queue before a free (none: the device sync only).
+    pub(crate) fn set_sync_hook(&self, hook: Option<SyncHook>) {
+        *self.sync_hook.lock() = hook;
     }
 
     /// One device malloc of `size` + pad; 0 for a zero-size request.
@@ -70,6 +83,12 @@ impl<D: Device> Uncached<D> {
             .lock()
             .remove(&addr)
             .ok_or(FreeError::ForeignPointer { addr })?;
+        // As torch_npu's npuSynchronizeDevice(false): a failed drain is not an error; the device
+        // synchronization below still runs.
+        let hook = self.sync_hook.lock().clone();
+        if let Some(hook) = hook {
+            hook(self.index);
+        }
         let result = {
             let mut device = self.device.lock();
             device.synchronize().and_then(|()| device.free(addr, bytes))

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex, Weak};
 
 use npu_runtime::{
-    AclError, AclPlatform, Config, FreeError, GcStatus, NpuAllocator, RuntimeError, Stream,
+    AclError, AclPlatform, Config, FreeError, GcStatus, HostQueue, NpuAllocator, RuntimeError,
+    Stream, SyncHook,
 };
 use testkit::fake_acl::{FakeAcl, Variant};
 
@@ -509,6 +510,45 @@ fn no_caching_goes_to_the_device_every_time() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn no_caching_drains_the_host_queue_before_each_free() {
+    // torch_npu's uncached_delete calls npuSynchronizeDevice, which drains its task queue
+    // first: the host's synchronize hook runs before the device synchronizes.
+    let fake = Arc::new(FakeAcl::new(Variant::Full, 1 << 30, 1));
+    let config = Config {
+        caching: false,
+        ..Config::default()
+    };
+    let rt = runtime(&fake, config);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hook: SyncHook = {
+        let (fake, seen) = (fake.clone(), seen.clone());
+        Arc::new(move |device| {
+            seen.lock().unwrap().push((device, fake.log()));
+            true
+        })
+    };
+    // Set before the device opens: it catches up when it does.
+    rt.set_host_queue(HostQueue::SyncFirst, Some(hook.clone()));
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    fake.clear_log();
+    rt.free(a).unwrap();
+    assert_eq!(fake.log(), ["aclrtSynchronizeDevice", "aclrtFree"]);
+    assert_eq!(*seen.lock().unwrap(), [(0, Vec::<String>::new())]);
+    // A hook that fails does not stop the free: the device synchronization still runs.
+    rt.set_host_queue(HostQueue::SyncFirst, Some(Arc::new(|_| false)));
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    fake.clear_log();
+    rt.free(b).unwrap();
+    assert_eq!(fake.log(), ["aclrtSynchronizeDevice", "aclrtFree"]);
+    // Without a hook, the device synchronization alone.
+    rt.set_host_queue(HostQueue::None, None);
+    let c = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.free(c).unwrap();
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(fake.used(0), 0);
 }
 
 #[test]
