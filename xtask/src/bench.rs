@@ -20,6 +20,10 @@ pub(crate) struct Args {
     /// Only the fragmentation report (replays of the shipped traces; no timing).
     #[arg(long)]
     fragmentation: bool,
+    /// Run the benches this many times and print each case's range (min – max) over the runs,
+    /// and in how many runs it met its target.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
     /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
     /// blocks, split/merge churn, runtime, and offset-allocator's), counted by valgrind's
     /// callgrind (steady where wall time on a shared machine is not).
@@ -402,20 +406,120 @@ pub(crate) fn run(args: Args) -> ExitCode {
         fragmentation(args.json);
         return ExitCode::SUCCESS;
     }
-    if !run_benches(args.quick) {
-        eprintln!("cargo bench failed");
-        return ExitCode::FAILURE;
+    let mut runs = Vec::new();
+    for run in 1..=args.runs {
+        if args.runs > 1 {
+            eprintln!("bench: run {run} of {}", args.runs);
+        }
+        if !run_benches(args.quick) {
+            eprintln!("cargo bench failed");
+            return ExitCode::FAILURE;
+        }
+        runs.push(cases());
     }
-    let cases = cases();
-    if args.json {
-        for c in &cases {
-            println!("{}", c.json());
+    if let [cases] = runs.as_slice() {
+        if args.json {
+            for c in cases {
+                println!("{}", c.json());
+            }
+        } else {
+            print_table(cases);
         }
     } else {
-        print_table(&cases);
+        let ranges = ranges(&runs);
+        if args.json {
+            for r in &ranges {
+                println!("{}", r.json());
+            }
+        } else {
+            print_ranges(&ranges);
+        }
     }
     fragmentation(args.json);
     ExitCode::SUCCESS
+}
+
+/// One case over several runs.
+struct Range<'a> {
+    /// The case as the first run measured it (name, blocks, baseline, target).
+    first: &'a Case,
+    ns: (f64, f64),
+    ratio: Option<(f64, f64)>,
+    /// Runs whose ratio met the target.
+    met: usize,
+    runs: usize,
+}
+
+impl Range<'_> {
+    fn json(&self) -> Value {
+        let c = self.first;
+        json!({
+            "name": c.name,
+            "blocks": c.blocks,
+            "ns_min": round(self.ns.0),
+            "ns_max": round(self.ns.1),
+            "baseline": c.baseline,
+            "ratio_min": self.ratio.map(|r| (r.0 * 1000.0).round() / 1000.0),
+            "ratio_max": self.ratio.map(|r| (r.1 * 1000.0).round() / 1000.0),
+            "target": c.target,
+            "runs": self.runs,
+            "met": c.target.map(|_| self.met),
+        })
+    }
+}
+
+/// Each case of the first run with its range over every run that measured it.
+fn ranges(runs: &[Vec<Case>]) -> Vec<Range<'_>> {
+    let span = |values: &mut dyn Iterator<Item = f64>| {
+        values.fold(None, |acc: Option<(f64, f64)>, v| {
+            Some(acc.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))))
+        })
+    };
+    runs[0]
+        .iter()
+        .map(|first| {
+            let same: Vec<&Case> = runs
+                .iter()
+                .filter_map(|run| {
+                    run.iter()
+                        .find(|c| c.name == first.name && c.blocks == first.blocks)
+                })
+                .collect();
+            let met = same
+                .iter()
+                .filter(|c| matches!((c.ratio, c.target), (Some(r), Some(t)) if r <= t))
+                .count();
+            Range {
+                first,
+                ns: span(&mut same.iter().map(|c| c.ns)).unwrap_or((first.ns, first.ns)),
+                ratio: span(&mut same.iter().filter_map(|c| c.ratio)),
+                met,
+                runs: same.len(),
+            }
+        })
+        .collect()
+}
+
+fn print_ranges(ranges: &[Range<'_>]) {
+    println!(
+        "{:<30} {:>7} {:>17} {:<32} {:>15} {:>7} {:>9}",
+        "case", "blocks", "ns", "baseline", "ratio", "target", "met"
+    );
+    for r in ranges {
+        let c = r.first;
+        println!(
+            "{:<30} {:>7} {:>17} {:<32} {:>15} {:>7} {:>9}",
+            c.name,
+            c.blocks.map_or("-".into(), |b| b.to_string()),
+            format!("{:.1} – {:.1}", r.ns.0, r.ns.1),
+            c.baseline.as_deref().unwrap_or("-"),
+            r.ratio
+                .map_or("-".into(), |(lo, hi)| format!("{lo:.3} – {hi:.3}")),
+            c.target.map_or("-".into(), |t| format!("≤{t}")),
+            c.target
+                .map_or("-".into(), |_| format!("{} of {}", r.met, r.runs)),
+        );
+    }
 }
 
 /// The pairs `--instructions` counts: (label, package, example, its arguments after the count).
