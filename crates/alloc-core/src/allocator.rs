@@ -188,10 +188,7 @@ impl<D: Device> Allocator<D> {
             .or_else(|| device.mem_info().ok().map(|m| m.total));
         let conf = conf.clone();
         let fraction = conf.per_process_memory_fraction;
-        let stats = Counters {
-            max_split_size: conf.max_split_size,
-            ..Counters::default()
-        };
+        let stats = Counters::new(conf.max_split_size);
         let mut allocator = Allocator {
             device,
             conf,
