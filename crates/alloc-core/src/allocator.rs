@@ -188,7 +188,10 @@ impl<D: Device> Allocator<D> {
             .or_else(|| device.mem_info().ok().map(|m| m.total));
         let conf = conf.clone();
         let fraction = conf.per_process_memory_fraction;
-        let stats = Counters::new(conf.max_split_size);
+        let stats = Counters {
+            max_split_size: conf.max_split_size,
+            ..Counters::default()
+        };
         let mut allocator = Allocator {
             device,
             conf,

@@ -31,14 +31,13 @@ impl<D: Device> Allocator<D> {
         let block = &mut self.blocks[id];
         block.allocated = false;
         let (pool, size) = (block.pool, block.size);
-        self.stats.free(pool, size);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
         if self.is_oversize(size) {
             self.stats.oversize_allocations.decrease(1);
         }
-        if recorded {
-            self.stats.pend(pool, size);
-        } else {
-            self.free_block(id, false);
+        if !recorded {
+            self.free_block(id);
         }
         Ok(())
     }
@@ -165,7 +164,7 @@ impl<D: Device> Allocator<D> {
         let block = &mut self.blocks[id];
         block.event_count -= 1;
         if block.event_count == 0 {
-            self.free_block(id, true);
+            self.free_block(id);
         }
     }
 }

@@ -96,7 +96,10 @@ impl<D: Device> Allocator<D> {
             block.indexed = true;
             self.by_addr.insert(addr, id);
         }
-        self.stats.allocate(pool, size);
+        self.stats.allocation.increase(pool, 1);
+        self.stats.allocated_bytes.increase(pool, size);
+        self.stats.active.increase(pool, 1);
+        self.stats.active_bytes.increase(pool, size);
         self.stats.requested_bytes.increase(pool, req.requested);
         if self.is_oversize(size) {
             self.stats.oversize_allocations.increase(1);
@@ -158,9 +161,8 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
-    /// `pending`: the block's free waited on stream events (it was still active).
     #[inline(always)]
-    pub(crate) fn free_block(&mut self, id: BlockId, pending: bool) {
+    pub(crate) fn free_block(&mut self, id: BlockId) {
         if self.history.is_some() {
             let b = &self.blocks[id];
             let (addr, requested, stream) = (b.addr, b.requested, b.stream);
@@ -192,9 +194,8 @@ impl<D: Device> Allocator<D> {
             self.stats.inactive_split.apply(pool, net_blocks);
             self.stats.inactive_split_bytes.apply(pool, net_bytes);
         }
-        if pending {
-            self.stats.unpend(pool, original_size);
-        }
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
     }
 
