@@ -224,12 +224,21 @@ fn cases() -> Vec<Case> {
             out.push(Case::separate(name, None, ns, core16.clone(), None));
         }
     }
-    out.extend(Case::paired(
-        "runtime_hit",
-        "runtime_hit",
-        Some(16),
-        Some(1.3),
-    ));
+    if let Some(runtime) = Case::paired("runtime_hit", "runtime_hit", Some(16), Some(1.3)) {
+        // The runtime's own cost per pair in ns (runtime pair less the core pair of the same
+        // samples): unlike the ratio, it does not rise when the core gets faster.
+        let overhead = runtime.baseline_ns.map(|core| runtime.ns - core);
+        out.push(runtime);
+        if let Some(ns) = overhead {
+            out.push(Case::separate(
+                "runtime_hit_overhead",
+                Some(16),
+                ns,
+                None,
+                None,
+            ));
+        }
+    }
     if let Some(total) = median_ns("replay/200000") {
         // Per operation, against the 10 million operations per second target (100 ns).
         let baseline = Some(("10M ops/s".to_string(), 100.0));
