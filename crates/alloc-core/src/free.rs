@@ -119,10 +119,17 @@ impl<D: Device> Allocator<D> {
 
     /// torch's `process_events`: for each stream, pop completed events in order and return blocks
     /// whose last event completed to their pools. Stops at each stream's first pending event.
+    #[inline]
     pub fn process_events(&mut self) -> Result<(), D::Error> {
+        // Every malloc calls this; without pending events it is one compare, inlined.
         if self.events.pending() == 0 {
             return Ok(());
         }
+        self.poll_events()
+    }
+
+    #[inline(never)]
+    fn poll_events(&mut self) -> Result<(), D::Error> {
         let mut result = Ok(());
         let mut queues = self.events.take();
         'streams: for queue in queues.values_mut() {

@@ -42,17 +42,21 @@ impl<S: Ord + Copy> BlockPool<S> {
             .map(|(_, m)| m)
     }
 
-    #[inline]
+    #[inline(always)]
     fn stream_mut(&mut self, stream: S) -> &mut SizeClasses {
         let i = match self.streams.iter().position(|(s, _)| *s == stream) {
             Some(i) => i,
-            None => {
-                let i = self.streams.partition_point(|(s, _)| *s < stream);
-                self.streams.insert(i, (stream, SizeClasses::default()));
-                i
-            }
+            None => self.add_stream(stream),
         };
         &mut self.streams[i].1
+    }
+
+    /// Adds `stream`'s (empty) classes in stream order; returns their index.
+    #[inline(never)]
+    fn add_stream(&mut self, stream: S) -> usize {
+        let i = self.streams.partition_point(|(s, _)| *s < stream);
+        self.streams.insert(i, (stream, SizeClasses::default()));
+        i
     }
 
     /// Puts a free block into the pool and starts its GC age.

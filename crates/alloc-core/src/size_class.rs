@@ -54,7 +54,7 @@ impl Default for SizeClasses {
 }
 
 impl SizeClasses {
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, k: u128, id: BlockId) {
         let c = class(size_of(k));
         self.bins[c].insert(k, id);
