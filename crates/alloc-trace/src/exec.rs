@@ -546,6 +546,11 @@ fn injected(e: &DeviceErr) -> bool {
     matches!(e, FaultError::Injected { .. })
 }
 
+/// What a malloc of the simulated device's allocator returns.
+type AllocResult = Result<u64, AllocError<DeviceErr>>;
+/// What its free (or `record_stream`) returns.
+type FreeResult = Result<(), FreeError<DeviceErr>>;
+
 /// What an operation did, for the checks to judge.
 enum Outcome {
     /// Nothing to judge beyond the invariants (or the operation was skipped).
@@ -554,14 +559,14 @@ enum Outcome {
         id: IdRef,
         size: u64,
         stream: u64,
-        result: Result<u64, AllocError<DeviceErr>>,
+        result: AllocResult,
     },
     Free {
         addr: u64,
-        result: Result<(), FreeError<DeviceErr>>,
+        result: FreeResult,
     },
     Record {
-        result: Result<(), FreeError<DeviceErr>>,
+        result: FreeResult,
     },
     Complete,
     EmptyCache(Result<(), DeviceErr>),
@@ -577,7 +582,7 @@ enum Outcome {
     Misuse {
         misuse: Misuse,
         addr: u64,
-        result: Result<(), FreeError<DeviceErr>>,
+        result: FreeResult,
     },
     Drain(Result<(), ExecError>),
     /// A `pause` (or `resume`) of `tag` and what it returned.
@@ -717,6 +722,23 @@ impl Executor {
     pub fn step(&mut self, op: &Op) -> Result<(), ExecError> {
         self.counts.ops += 1;
         self.last_line = op.line;
+        if self.checks.is_none() && self.alloc.paused_bytes() == 0 {
+            // The replayer's own path: nothing to compare with and no paused segment to watch,
+            // so an alloc or a free is judged as it returns, without building an outcome.
+            match op.kind {
+                OpKind::Alloc { id, size, stream } => {
+                    let result = self.alloc_op(id, size, stream, op.line)?;
+                    return self.judge_alloc(result);
+                }
+                OpKind::Free { id } => {
+                    return match self.free_op(id, op.line)? {
+                        Some((_, result)) => self.judge_free(result),
+                        None => Ok(()),
+                    };
+                }
+                _ => {}
+            }
+        }
         let before = self.checks.is_some().then(|| Before {
             stats: self.alloc.stats(),
             calls: self.calls(),
@@ -747,59 +769,16 @@ impl Executor {
     #[inline(always)]
     fn execute(&mut self, op: &Op) -> Result<Outcome, ExecError> {
         Ok(match op.kind {
-            OpKind::Alloc { id, size, stream } => {
-                self.counts.allocs += 1;
-                if let Slot::Live { line, .. } = self.slots[id.index()] {
-                    return Err(ExecError::Id(IdError::AllocLive {
-                        id: self.name(id),
-                        allocated_at: line,
-                    }));
-                }
-                let result = match self.scopes.last() {
-                    Some(&(_, pool)) => self.alloc.malloc_in(size, SimStream(stream), pool),
-                    None => self.alloc.malloc(size, SimStream(stream)),
-                };
-                self.slots[id.index()] = match result {
-                    Ok(addr) => {
-                        let requested = self.alloc.memory_requested();
-                        self.peak_requested = self.peak_requested.max(requested);
-                        Slot::Live {
-                            addr,
-                            requested: size,
-                            line: op.line,
-                            filled: None,
-                            volatile: !self.scopes.is_empty() && self.in_volatile_region(),
-                        }
-                    }
-                    Err(_) => Slot::Failed,
-                };
-                Outcome::Alloc {
-                    id,
-                    size,
-                    stream,
-                    result,
-                }
-            }
-            OpKind::Free { id } => {
-                self.counts.frees += 1;
-                match self.slots[id.index()] {
-                    Slot::Live { addr, .. } => {
-                        let result = self.alloc.free(addr);
-                        if result.is_ok() {
-                            self.slots[id.index()] = Slot::Freed {
-                                addr,
-                                line: op.line,
-                            };
-                        }
-                        Outcome::Free { addr, result }
-                    }
-                    Slot::Failed => {
-                        self.counts.skipped += 1;
-                        Outcome::Done
-                    }
-                    _ => return Err(self.not_live("free", id)),
-                }
-            }
+            OpKind::Alloc { id, size, stream } => Outcome::Alloc {
+                id,
+                size,
+                stream,
+                result: self.alloc_op(id, size, stream, op.line)?,
+            },
+            OpKind::Free { id } => match self.free_op(id, op.line)? {
+                Some((addr, result)) => Outcome::Free { addr, result },
+                None => Outcome::Done,
+            },
             OpKind::Record { id, stream } => match self.slots[id.index()] {
                 Slot::Live { addr, .. } => {
                     self.counts.records += 1;
@@ -884,6 +863,90 @@ impl Executor {
             OpKind::Fill { id, byte } => self.fill_or_expect(id, byte, true),
             OpKind::Expect { id, byte } => self.fill_or_expect(id, byte, false),
         })
+    }
+
+    /// An `alloc`: runs the malloc and keeps the id's bookkeeping.
+    #[inline(always)]
+    fn alloc_op(
+        &mut self,
+        id: IdRef,
+        size: u64,
+        stream: u64,
+        line: usize,
+    ) -> Result<AllocResult, ExecError> {
+        self.counts.allocs += 1;
+        if let Slot::Live { line, .. } = self.slots[id.index()] {
+            return Err(ExecError::Id(IdError::AllocLive {
+                id: self.name(id),
+                allocated_at: line,
+            }));
+        }
+        let result = match self.scopes.last() {
+            Some(&(_, pool)) => self.alloc.malloc_in(size, SimStream(stream), pool),
+            None => self.alloc.malloc(size, SimStream(stream)),
+        };
+        self.slots[id.index()] = match result {
+            Ok(addr) => {
+                let requested = self.alloc.memory_requested();
+                self.peak_requested = self.peak_requested.max(requested);
+                Slot::Live {
+                    addr,
+                    requested: size,
+                    line,
+                    filled: None,
+                    volatile: !self.scopes.is_empty() && self.in_volatile_region(),
+                }
+            }
+            Err(_) => Slot::Failed,
+        };
+        Ok(result)
+    }
+
+    /// A `free`: frees a live id's allocation and keeps its bookkeeping; `None` when the id's
+    /// allocation failed (the free is skipped).
+    #[inline(always)]
+    fn free_op(&mut self, id: IdRef, line: usize) -> Result<Option<(u64, FreeResult)>, ExecError> {
+        self.counts.frees += 1;
+        match self.slots[id.index()] {
+            Slot::Live { addr, .. } => {
+                let result = self.alloc.free(addr);
+                if result.is_ok() {
+                    self.slots[id.index()] = Slot::Freed { addr, line };
+                }
+                Ok(Some((addr, result)))
+            }
+            Slot::Failed => {
+                self.counts.skipped += 1;
+                Ok(None)
+            }
+            _ => Err(self.not_live("free", id)),
+        }
+    }
+
+    /// Without checks: what the replayer counts of a malloc's result, and what stops it.
+    #[inline(always)]
+    fn judge_alloc(&mut self, result: AllocResult) -> Result<(), ExecError> {
+        match result {
+            Ok(_) => {}
+            Err(AllocError::OutOfMemory(_)) => self.counts.ooms += 1,
+            Err(AllocError::TooLarge { .. }) => self.counts.refused += 1,
+            Err(AllocError::Paused { .. }) => self.counts.paused_refusals += 1,
+            Err(AllocError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+            Err(AllocError::Device(e)) => return Err(ExecError::Device(e)),
+            Err(e) => return Err(ExecError::Alloc(e)),
+        }
+        Ok(())
+    }
+
+    /// Without checks: the same for a free's or a `record_stream`'s result.
+    #[inline(always)]
+    fn judge_free(&mut self, result: FreeResult) -> Result<(), ExecError> {
+        match result {
+            Ok(()) => {}
+            Err(FreeError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+            Err(e) => return Err(ExecError::Free(e)),
+        }
+        Ok(())
     }
 
     /// Whether the innermost scope is a memory-saver region without CPU backup.
@@ -1167,20 +1230,10 @@ impl Executor {
     #[inline]
     fn judge(&mut self, outcome: Outcome) -> Result<(), ExecError> {
         match outcome {
-            Outcome::Alloc { result, .. } => match result {
-                Ok(_) => {}
-                Err(AllocError::OutOfMemory(_)) => self.counts.ooms += 1,
-                Err(AllocError::TooLarge { .. }) => self.counts.refused += 1,
-                Err(AllocError::Paused { .. }) => self.counts.paused_refusals += 1,
-                Err(AllocError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
-                Err(AllocError::Device(e)) => return Err(ExecError::Device(e)),
-                Err(e) => return Err(ExecError::Alloc(e)),
-            },
-            Outcome::Free { result, .. } | Outcome::Record { result } => match result {
-                Ok(()) => {}
-                Err(FreeError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
-                Err(e) => return Err(ExecError::Free(e)),
-            },
+            Outcome::Alloc { result, .. } => return self.judge_alloc(result),
+            Outcome::Free { result, .. } | Outcome::Record { result } => {
+                return self.judge_free(result);
+            }
             Outcome::EmptyCache(result) => match result {
                 Ok(()) => {}
                 Err(e) if injected(&e) => self.counts.device_errors += 1,
