@@ -10,6 +10,10 @@
 //! - only the peak of "all" is kept apart (a peak of a sum is not the sum of peaks), moved on
 //!   increases only, as a decrease cannot raise it.
 //!
+//! `active` and `active_bytes` are not kept at all: a block is active while it is allocated or
+//! while its free waits on stream events, so they are `allocation` and `allocated_bytes` plus
+//! the [`Pending`] frees. A cache hit moves neither of them; see [`Pending`] for their peaks.
+//!
 //! Totals stop at `i64::MAX`, as [`Stat`] documents. A pool's total of increases stops at
 //! `u64::MAX` instead, which keeps the derivation exact below it and reports `i64::MAX` at it:
 //! a freed total derived from a stopped sum is at least `u64::MAX − i64::MAX`, and so is the
@@ -171,17 +175,118 @@ impl PoolCounters {
     }
 }
 
+/// The frees that wait on stream events (blocks, or their bytes): active but no longer
+/// allocated. With the allocated counter `a` it pairs with, it gives torch's active statistic:
+/// current = a + pending; every increase of active is a malloc, which increases `a` by the same
+/// amount, so active's total of increases is `a`'s.
+///
+/// Active's peak: at a moment with nothing pending, active equals `a`, so `a`'s peak covers it;
+/// `peak` covers the others: active can rise only at a malloc, and a malloc while something is
+/// pending records active into `peak` ([`Pending::note_peak`]). So active's peak is the larger of
+/// the two, exactly, and the hot path pays one never-taken branch for it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Pending {
+    /// Per pool ([`pool_index`]): pending now.
+    current: [i64; 2],
+    /// Per pool: pending at the accumulated reset.
+    base: [i64; 2],
+    /// Active's largest value per pool, then for "all", at mallocs while something was pending
+    /// and at the last peak reset.
+    peak: [i64; 3],
+}
+
+impl Pending {
+    /// A free of `n` starts waiting on events.
+    #[inline]
+    pub(crate) fn add(&mut self, pool: PoolKind, n: u64) {
+        self.current[pool_index(pool)] += signed(n);
+    }
+
+    /// A pending free of `n` completed.
+    #[inline]
+    pub(crate) fn remove(&mut self, pool: PoolKind, n: u64) {
+        self.current[pool_index(pool)] -= signed(n);
+    }
+
+    /// Whether any free waits on events.
+    #[inline(always)]
+    pub(crate) fn any(&self) -> bool {
+        (self.current[0] | self.current[1]) != 0
+    }
+
+    /// Records active (`allocated` plus pending) into the peaks, after a malloc in `pool` while
+    /// something is pending.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn note_peak(&mut self, pool: PoolKind, allocated: &PoolCounters) {
+        let i = pool_index(pool);
+        self.peak[i] = self.peak[i].max(allocated.pools[i].current + self.current[i]);
+        self.peak[2] = self.peak[2].max(allocated.all_current() + self.all());
+    }
+
+    fn all(&self) -> i64 {
+        self.current[0] + self.current[1]
+    }
+
+    /// Active now, for all pools.
+    #[inline]
+    pub(crate) fn active(&self, allocated: &PoolCounters) -> i64 {
+        allocated.all_current() + self.all()
+    }
+
+    fn reset_peak(&mut self, allocated: &PoolCounters) {
+        for i in 0..2 {
+            self.peak[i] = allocated.pools[i].current + self.current[i];
+        }
+        self.peak[2] = self.active(allocated);
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.base = self.current;
+    }
+
+    /// torch's `StatArray` of active, from the allocated counter this pairs with.
+    fn report(&self, allocated: &PoolCounters) -> StatArray {
+        // Active's decreases: allocated's, plus what stopped pending, less what started.
+        let freed = |i: usize| {
+            allocated.pools[i].freed() + i128::from(self.base[i]) - i128::from(self.current[i])
+        };
+        let pool = |i: usize| {
+            let a = &allocated.pools[i];
+            Stat {
+                current: a.current + self.current[i],
+                peak: a.peak.max(self.peak[i]),
+                allocated: total(i128::from(a.added)),
+                freed: total(freed(i)),
+            }
+        };
+        let [small, large] = &allocated.pools;
+        StatArray {
+            all: Stat {
+                current: self.active(allocated),
+                peak: allocated.all_peak.max(self.peak[2]),
+                allocated: total(i128::from(small.added) + i128::from(large.added)),
+                freed: total(freed(0) + freed(1)),
+            },
+            small_pool: pool(0),
+            large_pool: pool(1),
+        }
+    }
+}
+
 /// Every statistic of one device, in the form the hot path updates; [`Counters::report`] gives
 /// torch's [`DeviceStats`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Counters {
     pub(crate) allocation: PoolCounters,
     pub(crate) segment: PoolCounters,
-    pub(crate) active: PoolCounters,
+    /// Blocks whose free waits on events: `active` is `allocation` plus these.
+    pub(crate) pending: Pending,
     pub(crate) inactive_split: PoolCounters,
     pub(crate) allocated_bytes: PoolCounters,
     pub(crate) reserved_bytes: PoolCounters,
-    pub(crate) active_bytes: PoolCounters,
+    /// Their bytes: `active_bytes` is `allocated_bytes` plus these.
+    pub(crate) pending_bytes: Pending,
     pub(crate) inactive_split_bytes: PoolCounters,
     pub(crate) requested_bytes: PoolCounters,
     pub(crate) oversize_allocations: Counter,
@@ -195,15 +300,13 @@ pub(crate) struct Counters {
 }
 
 impl Counters {
-    fn arrays_mut(&mut self) -> [&mut PoolCounters; 9] {
+    fn arrays_mut(&mut self) -> [&mut PoolCounters; 7] {
         [
             &mut self.allocation,
             &mut self.segment,
-            &mut self.active,
             &mut self.inactive_split,
             &mut self.allocated_bytes,
             &mut self.reserved_bytes,
-            &mut self.active_bytes,
             &mut self.inactive_split_bytes,
             &mut self.requested_bytes,
         ]
@@ -211,6 +314,8 @@ impl Counters {
 
     /// torch's `reset_peak_memory_stats`: every peak becomes the current value.
     pub(crate) fn reset_peak(&mut self) {
+        self.pending.reset_peak(&self.allocation);
+        self.pending_bytes.reset_peak(&self.allocated_bytes);
         self.arrays_mut()
             .into_iter()
             .for_each(PoolCounters::reset_peak);
@@ -221,6 +326,8 @@ impl Counters {
     /// torch's `reset_accumulated_memory_stats`: allocated/freed totals and the `num_*` counters
     /// go to 0; `max_split_size` stays.
     pub(crate) fn reset_accumulated(&mut self) {
+        self.pending.reset_accumulated();
+        self.pending_bytes.reset_accumulated();
         self.arrays_mut()
             .into_iter()
             .for_each(PoolCounters::reset_accumulated);
@@ -238,11 +345,11 @@ impl Counters {
         DeviceStats {
             allocation: self.allocation.report(),
             segment: self.segment.report(),
-            active: self.active.report(),
+            active: self.pending.report(&self.allocation),
             inactive_split: self.inactive_split.report(),
             allocated_bytes: self.allocated_bytes.report(),
             reserved_bytes: self.reserved_bytes.report(),
-            active_bytes: self.active_bytes.report(),
+            active_bytes: self.pending_bytes.report(&self.allocated_bytes),
             inactive_split_bytes: self.inactive_split_bytes.report(),
             requested_bytes: self.requested_bytes.report(),
             oversize_allocations: self.oversize_allocations.stat(),
@@ -284,20 +391,20 @@ mod tests {
             };
             let n = next() % 1000;
             // Keep current non-negative, as inside the allocator.
-            let cur = model.active_bytes.pool(pool).current as u64;
+            let cur = model.reserved_bytes.pool(pool).current as u64;
             match next() % 6 {
                 0 | 1 => {
-                    fast.active_bytes.increase(pool, n);
-                    model.active_bytes.increase(pool, n);
+                    fast.reserved_bytes.increase(pool, n);
+                    model.reserved_bytes.increase(pool, n);
                 }
                 2 | 3 => {
-                    fast.active_bytes.decrease(pool, n.min(cur));
-                    model.active_bytes.decrease(pool, n.min(cur));
+                    fast.reserved_bytes.decrease(pool, n.min(cur));
+                    model.reserved_bytes.decrease(pool, n.min(cur));
                 }
                 4 => {
                     let delta = n as i64 - cur.min(500) as i64;
-                    fast.active_bytes.apply(pool, delta);
-                    model.active_bytes.apply(pool, delta);
+                    fast.reserved_bytes.apply(pool, delta);
+                    model.reserved_bytes.apply(pool, delta);
                 }
                 _ => match next() % 8 {
                     0 => {
@@ -312,6 +419,90 @@ mod tests {
                 },
             }
             assert_eq!(fast.report(), model, "step {step}");
+        }
+    }
+
+    /// Active derived from allocated plus pending frees, against torch's rule applied to an
+    /// active statistic kept directly: mallocs, frees with and without events, completions and
+    /// resets in random order, in both pools, checked after each step.
+    #[test]
+    fn derived_active_equals_torchs_active_step_by_step() {
+        let mut fast = Counters::default();
+        let mut model = DeviceStats::default();
+        // Live allocations and pending frees: (pool, bytes).
+        let (mut live, mut pending) = (alloc::vec::Vec::new(), alloc::vec::Vec::new());
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..20_000 {
+            let pool = if next() % 2 == 0 {
+                PoolKind::Small
+            } else {
+                PoolKind::Large
+            };
+            let n = 512 * (1 + next() % 64);
+            match next() % 10 {
+                // A malloc, as alloc_found_block moves the stats.
+                0..=3 => {
+                    fast.allocation.increase(pool, 1);
+                    fast.allocated_bytes.increase(pool, n);
+                    if fast.pending.any() {
+                        fast.pending.note_peak(pool, &fast.allocation);
+                        fast.pending_bytes.note_peak(pool, &fast.allocated_bytes);
+                    }
+                    model.allocation.increase(pool, 1);
+                    model.allocated_bytes.increase(pool, n);
+                    model.active.increase(pool, 1);
+                    model.active_bytes.increase(pool, n);
+                    live.push((pool, n));
+                }
+                // A free, with or without events to wait on.
+                4..=6 if !live.is_empty() => {
+                    let (pool, n) = live.swap_remove(next() as usize % live.len());
+                    fast.allocation.decrease(pool, 1);
+                    fast.allocated_bytes.decrease(pool, n);
+                    model.allocation.decrease(pool, 1);
+                    model.allocated_bytes.decrease(pool, n);
+                    if next() % 2 == 0 {
+                        fast.pending.add(pool, 1);
+                        fast.pending_bytes.add(pool, n);
+                        pending.push((pool, n));
+                    } else {
+                        model.active.decrease(pool, 1);
+                        model.active_bytes.decrease(pool, n);
+                    }
+                }
+                // A pending free completes.
+                7 | 8 if !pending.is_empty() => {
+                    let (pool, n) = pending.swap_remove(next() as usize % pending.len());
+                    fast.pending.remove(pool, 1);
+                    fast.pending_bytes.remove(pool, n);
+                    model.active.decrease(pool, 1);
+                    model.active_bytes.decrease(pool, n);
+                }
+                _ => match next() % 4 {
+                    0 => {
+                        fast.reset_peak();
+                        model.reset_peak();
+                    }
+                    1 => {
+                        fast.reset_accumulated();
+                        model.reset_accumulated();
+                    }
+                    _ => {}
+                },
+            }
+            let report = fast.report();
+            assert_eq!(
+                (report.active, report.active_bytes),
+                (model.active, model.active_bytes),
+                "step {step}"
+            );
+            assert_eq!(report, model, "step {step}");
         }
     }
 

@@ -36,7 +36,11 @@ impl<D: Device> Allocator<D> {
         if self.is_oversize(size) {
             self.stats.oversize_allocations.decrease(1);
         }
-        if !recorded {
+        if recorded {
+            // Still active: allocated no longer, pending until its events complete.
+            self.stats.pending.add(pool, 1);
+            self.stats.pending_bytes.add(pool, size);
+        } else {
             self.free_block(id);
         }
         Ok(())
@@ -171,6 +175,9 @@ impl<D: Device> Allocator<D> {
         let block = &mut self.blocks[id];
         block.event_count -= 1;
         if block.event_count == 0 {
+            let (pool, size) = (block.pool, block.size);
+            self.stats.pending.remove(pool, 1);
+            self.stats.pending_bytes.remove(pool, size);
             self.free_block(id);
         }
     }

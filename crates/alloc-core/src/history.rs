@@ -175,7 +175,7 @@ impl<D: Device> Allocator<D> {
     /// as its size the active bytes of every segment (torch's `total_active`).
     pub fn mark_snapshot(&mut self) {
         if self.history.is_some() {
-            let active = self.stats.active_bytes.all_current() as u64;
+            let active = self.stats.pending_bytes.active(&self.stats.allocated_bytes) as u64;
             self.record(Action::Snapshot, 0, active, None);
         }
     }

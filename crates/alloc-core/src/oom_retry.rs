@@ -332,7 +332,7 @@ impl<D: Device> Allocator<D> {
             total: info.map(|m| m.total).or(self.total_memory),
             free: info.map(|m| m.free),
             allocated: self.stats.allocated_bytes.all_current() as u64,
-            active: self.stats.active_bytes.all_current() as u64,
+            active: self.stats.pending_bytes.active(&self.stats.allocated_bytes) as u64,
             reserved: self.stats.reserved_bytes.all_current() as u64,
             allowed: self.allowed,
         }

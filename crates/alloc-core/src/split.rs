@@ -98,8 +98,14 @@ impl<D: Device> Allocator<D> {
         }
         self.stats.allocation.increase(pool, 1);
         self.stats.allocated_bytes.increase(pool, size);
-        self.stats.active.increase(pool, 1);
-        self.stats.active_bytes.increase(pool, size);
+        // Active is allocated plus the pending frees: it moved with them, but its peak needs a
+        // look while frees are pending.
+        if self.stats.pending.any() {
+            self.stats.pending.note_peak(pool, &self.stats.allocation);
+            self.stats
+                .pending_bytes
+                .note_peak(pool, &self.stats.allocated_bytes);
+        }
         self.stats.requested_bytes.increase(pool, req.requested);
         if self.is_oversize(size) {
             self.stats.oversize_allocations.increase(1);
@@ -169,8 +175,7 @@ impl<D: Device> Allocator<D> {
             self.record(Action::FreeCompleted, addr, requested, Some(stream));
         }
         let block = &self.blocks[id];
-        let (pool, set, original_size, requested) =
-            (block.pool, block.set, block.size, block.requested);
+        let (pool, set, requested) = (block.pool, block.set, block.requested);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         // Merge with the block below first, then the one above, as torch does.
@@ -194,8 +199,6 @@ impl<D: Device> Allocator<D> {
             self.stats.inactive_split.apply(pool, net_blocks);
             self.stats.inactive_split_bytes.apply(pool, net_bytes);
         }
-        self.stats.active.decrease(pool, 1);
-        self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
     }
 
