@@ -25,8 +25,9 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
     /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
-    /// blocks, split/merge churn, runtime, and offset-allocator's), counted by valgrind's
-    /// callgrind (steady where wall time on a shared machine is not).
+    /// blocks, split/merge churn, runtime, and offset-allocator's) and of a replayed operation
+    /// (both replay benches' traces), counted by valgrind's callgrind (steady where wall time on
+    /// a shared machine is not).
     #[arg(long)]
     instructions: bool,
 }
@@ -531,52 +532,81 @@ fn print_ranges(ranges: &[Range<'_>]) {
     }
 }
 
-/// The pairs `--instructions` counts: (label, package, example, its arguments after the count).
-const INSTRUCTION_CASES: [(&str, &str, &str, &[&str]); 5] = [
+/// What `--instructions` counts: (label, package, example, its arguments after the count, the
+/// unit: the count of the smaller of the two runs, and the divisor of their difference; a
+/// replay's smaller run replays the bench's trace once).
+const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
     (
         "core hit pair, fenced, 256 cached blocks",
         "alloc-core",
         "hit_pairs",
         &["fenced", "256"],
+        PAIRS,
     ),
     (
         "core hit pair, fenced, 65,536 cached blocks",
         "alloc-core",
         "hit_pairs",
         &["fenced", "65536"],
+        PAIRS,
     ),
     (
         "core hit pair, split/merge churn (core_hit/256)",
         "alloc-core",
         "hit_pairs",
         &["churn", "256"],
+        PAIRS,
     ),
     (
         "runtime hit pair (runtime_hit)",
         "npu-runtime",
         "runtime_pairs",
         &[],
+        PAIRS,
     ),
     (
         "offset-allocator pair, fenced, 256 blocks (the reference)",
         "alloc-core",
         "hit_pairs",
         &["offset", "256"],
+        PAIRS,
+    ),
+    (
+        "replayed operation (replay)",
+        "alloc-trace",
+        "replay_n",
+        &[],
+        REPLAY_OPS as u64,
+    ),
+    (
+        "replayed operation, three streams (replay_streams)",
+        "alloc-trace",
+        "replay_n",
+        &["streams"],
+        REPLAY_OPS as u64,
     ),
 ];
 
+/// Hit pairs in the smaller run of a pair case.
+const PAIRS: u64 = 100_000;
+
 /// Prints the instructions of each hit pair of [`INSTRUCTION_CASES`].
 fn instruction_counts() -> Result<(), String> {
-    for (label, package, example, args) in INSTRUCTION_CASES {
-        let per_pair = instructions_per_pair(package, example, args)?;
-        println!("{label}: {per_pair:.1} instructions (callgrind)");
+    for (label, package, example, args, unit) in INSTRUCTION_CASES {
+        let per_unit = instructions_per_unit(package, example, args, unit)?;
+        println!("{label}: {per_unit:.1} instructions (callgrind)");
     }
     Ok(())
 }
 
-/// Instructions of one pair: two callgrind runs of `example` with different pair counts, the
-/// difference divided by the difference of counts (the set-up cancels out).
-fn instructions_per_pair(package: &str, example: &str, args: &[&str]) -> Result<f64, String> {
+/// Instructions of one pair (or operation): two callgrind runs of `example`, with counts `unit`
+/// and twice that, the difference divided by `unit` (the set-up cancels out).
+fn instructions_per_unit(
+    package: &str,
+    example: &str,
+    args: &[&str],
+    unit: u64,
+) -> Result<f64, String> {
     let built = crate::cargo::cargo()
         .args(["build", "--release", "-p", package, "--example", example])
         .status()
@@ -599,6 +629,6 @@ fn instructions_per_pair(package: &str, example: &str, args: &[&str]) -> Result<
             .and_then(|n| n.trim().parse().ok())
             .ok_or_else(|| format!("no instruction count in valgrind's output:\n{text}"))
     };
-    let (small, large) = (count(100_000)?, count(200_000)?);
-    Ok((large - small) as f64 / 100_000.0)
+    let (small, large) = (count(unit)?, count(2 * unit)?);
+    Ok((large - small) as f64 / unit as f64)
 }
