@@ -134,24 +134,16 @@ impl<D: Device> Allocator<D> {
 
     #[inline(never)]
     fn poll_events(&mut self) -> Result<(), D::Error> {
-        let mut result = Ok(());
-        let mut queues = self.events.take();
-        'streams: for queue in queues.values_mut() {
-            while let Some((event, _)) = queue.front() {
-                match self.device.event_done(event) {
-                    Ok(true) => {}
-                    Ok(false) => break,
-                    Err(e) => {
-                        result = Err(e);
-                        break 'streams;
-                    }
+        for i in 0..self.events.streams() {
+            while let Some(event) = self.events.front(i) {
+                if !self.device.event_done(event)? {
+                    break;
                 }
-                let (event, id) = queue.pop_front().expect("front exists");
+                let (event, id) = self.events.pop(i).expect("front exists");
                 self.complete_event(event, id);
             }
         }
-        self.events.restore(queues);
-        result
+        Ok(())
     }
 
     /// torch's `synchronize_and_free_events`: wait for the device, then every queued event is
@@ -160,18 +152,15 @@ impl<D: Device> Allocator<D> {
         // Counted on entry, as torch does, even if the synchronization then fails.
         self.stats.num_sync_all_streams += 1;
         self.device.synchronize()?;
-        let queues = self.events.take();
-        for (_, queue) in queues {
-            for (event, id) in queue {
-                self.complete_event(event, id);
-            }
+        for (event, id) in self.events.take_all() {
+            self.complete_event(event, id);
         }
         Ok(())
     }
 
+    /// Releases a completed event; the block's last one returns it to its pool.
     fn complete_event(&mut self, event: D::Event, id: BlockId) {
         self.device.release_event(event);
-        self.events.completed();
         let block = &mut self.blocks[id];
         block.event_count -= 1;
         if block.event_count == 0 {

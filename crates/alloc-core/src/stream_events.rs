@@ -2,8 +2,12 @@
 //! (`record_stream`) was freed, in the order they were recorded (torch's `cuda_events`).
 //!
 //! Only the data structure lives here; the free path that fills and drains it is `free.rs`.
+//! A process has few streams, so the queues sit in a vector sorted by stream (torch's map order),
+//! polled by index: while frees are pending every malloc polls, and walking a vector in place
+//! costs far less than taking a map out and putting it back.
 
-use alloc::collections::{BTreeMap, VecDeque};
+use alloc::collections::VecDeque;
+use alloc::vec::Vec;
 
 use crate::block::BlockId;
 
@@ -13,14 +17,15 @@ pub(crate) type Queue<E> = VecDeque<(E, BlockId)>;
 /// Per-stream FIFO queues of (event, block) pairs.
 #[derive(Debug)]
 pub(crate) struct EventQueues<E, S> {
-    queues: BTreeMap<S, Queue<E>>,
+    /// Sorted by stream; a stream's queue stays (perhaps empty) once it had an event.
+    queues: Vec<(S, Queue<E>)>,
     pending: usize,
 }
 
 impl<E, S> Default for EventQueues<E, S> {
     fn default() -> Self {
         EventQueues {
-            queues: BTreeMap::new(),
+            queues: Vec::new(),
             pending: 0,
         }
     }
@@ -35,28 +40,44 @@ impl<E, S: Ord> EventQueues<E, S> {
 
     /// Queues `event`, recorded on `stream` for block `id`.
     pub(crate) fn push(&mut self, stream: S, event: E, id: BlockId) {
-        self.queues
-            .entry(stream)
-            .or_default()
-            .push_back((event, id));
+        let i = match self.queues.binary_search_by(|(s, _)| s.cmp(&stream)) {
+            Ok(i) => i,
+            Err(i) => {
+                self.queues.insert(i, (stream, VecDeque::new()));
+                i
+            }
+        };
+        self.queues[i].1.push_back((event, id));
         self.pending += 1;
     }
 
-    /// Takes every queue out, to walk them while the allocator changes; give the rest back with
-    /// [`EventQueues::restore`].
-    pub(crate) fn take(&mut self) -> BTreeMap<S, Queue<E>> {
-        core::mem::take(&mut self.queues)
-    }
-
-    /// Puts back what [`EventQueues::take`] took, dropping empty queues.
-    pub(crate) fn restore(&mut self, mut queues: BTreeMap<S, Queue<E>>) {
-        queues.retain(|_, q| !q.is_empty());
-        self.queues = queues;
-    }
-
-    /// Counts one taken event as completed.
+    /// Number of stream queues, for polling them by index in stream order.
     #[inline]
-    pub(crate) fn completed(&mut self) {
-        self.pending -= 1;
+    pub(crate) fn streams(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// The oldest event of queue `i` not yet taken.
+    #[inline]
+    pub(crate) fn front(&self, i: usize) -> Option<&E> {
+        self.queues[i].1.front().map(|(event, _)| event)
+    }
+
+    /// Takes the oldest event of queue `i` and its block, counting it as completed.
+    #[inline]
+    pub(crate) fn pop(&mut self, i: usize) -> Option<(E, BlockId)> {
+        let popped = self.queues[i].1.pop_front();
+        self.pending -= usize::from(popped.is_some());
+        popped
+    }
+
+    /// Takes every queued event and its block, stream by stream, each stream's oldest first,
+    /// counting them all as completed.
+    pub(crate) fn take_all(&mut self) -> Vec<(E, BlockId)> {
+        self.pending = 0;
+        self.queues
+            .iter_mut()
+            .flat_map(|(_, queue)| queue.drain(..))
+            .collect()
     }
 }
