@@ -719,6 +719,7 @@ impl Executor {
     }
 
     /// Executes one operation (and, with checks, judges it and checks every invariant).
+    #[inline]
     pub fn step(&mut self, op: &Op) -> Result<(), ExecError> {
         self.counts.ops += 1;
         self.last_line = op.line;
@@ -739,6 +740,14 @@ impl Executor {
                 _ => {}
             }
         }
+        self.step_outcome(op)
+    }
+
+    /// [`Executor::step`] through an outcome: with checks, while something is paused, and for
+    /// every operation but `alloc` and `free`. Out of line, so that the replayer's path above
+    /// stays small where it is inlined.
+    #[inline(never)]
+    fn step_outcome(&mut self, op: &Op) -> Result<(), ExecError> {
         let before = self.checks.is_some().then(|| Before {
             stats: self.alloc.stats(),
             calls: self.calls(),
