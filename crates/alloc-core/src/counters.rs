@@ -198,19 +198,19 @@ pub(crate) struct Pending {
 impl Pending {
     /// A free of `n` starts waiting on events.
     #[inline]
-    pub(crate) fn add(&mut self, pool: PoolKind, n: u64) {
+    fn add(&mut self, pool: PoolKind, n: u64) {
         self.current[pool_index(pool)] += signed(n);
     }
 
     /// A pending free of `n` completed.
     #[inline]
-    pub(crate) fn remove(&mut self, pool: PoolKind, n: u64) {
+    fn remove(&mut self, pool: PoolKind, n: u64) {
         self.current[pool_index(pool)] -= signed(n);
     }
 
     /// Whether any free waits on events.
     #[inline(always)]
-    pub(crate) fn any(&self) -> bool {
+    fn any(&self) -> bool {
         (self.current[0] | self.current[1]) != 0
     }
 
@@ -218,7 +218,7 @@ impl Pending {
     /// something is pending.
     #[cold]
     #[inline(never)]
-    pub(crate) fn note_peak(&mut self, pool: PoolKind, allocated: &PoolCounters) {
+    fn note_peak(&mut self, pool: PoolKind, allocated: &PoolCounters) {
         let i = pool_index(pool);
         self.peak[i] = self.peak[i].max(allocated.pools[i].current + self.current[i]);
         self.peak[2] = self.peak[2].max(allocated.all_current() + self.all());
@@ -312,6 +312,31 @@ impl Counters {
         ]
     }
 
+    /// A freed block of `size` bytes starts waiting on stream events: still active, no longer
+    /// allocated (the free path has taken it out of the allocated stats).
+    #[inline]
+    pub(crate) fn start_pending(&mut self, pool: PoolKind, size: u64) {
+        self.pending.add(pool, 1);
+        self.pending_bytes.add(pool, size);
+    }
+
+    /// A pending free of `size` bytes completed: the block is no longer active.
+    #[inline]
+    pub(crate) fn end_pending(&mut self, pool: PoolKind, size: u64) {
+        self.pending.remove(pool, 1);
+        self.pending_bytes.remove(pool, size);
+    }
+
+    /// After a malloc in `pool` (its allocated stats already increased): active rose with them,
+    /// and its peaks need a look while frees are pending.
+    #[inline(always)]
+    pub(crate) fn note_active_peak(&mut self, pool: PoolKind) {
+        if self.pending.any() {
+            self.pending.note_peak(pool, &self.allocation);
+            self.pending_bytes.note_peak(pool, &self.allocated_bytes);
+        }
+    }
+
     /// torch's `reset_peak_memory_stats`: every peak becomes the current value.
     pub(crate) fn reset_peak(&mut self) {
         self.pending.reset_peak(&self.allocation);
@@ -370,25 +395,34 @@ mod tests {
     use super::*;
     use crate::stats::DeviceStats;
 
+    /// A xorshift64 generator: the same random steps on every run.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
+    /// A pool from a random draw.
+    fn pick_pool(draw: u64) -> PoolKind {
+        if draw % 2 == 0 {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+
     /// Applies the same changes to the counters and to torch's model ([`StatArray`]'s
     /// increase/decrease/apply), checking the report after each.
     #[test]
     fn report_equals_torchs_update_rule_step_by_step() {
         let mut fast = Counters::default();
         let mut model = DeviceStats::default();
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1D);
         for step in 0..5_000 {
-            let pool = if next() % 2 == 0 {
-                PoolKind::Small
-            } else {
-                PoolKind::Large
-            };
+            let pool = pick_pool(next());
             let n = next() % 1000;
             // Keep current non-negative, as inside the allocator.
             let cur = model.reserved_bytes.pool(pool).current as u64;
@@ -431,29 +465,16 @@ mod tests {
         let mut model = DeviceStats::default();
         // Live allocations and pending frees: (pool, bytes).
         let (mut live, mut pending) = (alloc::vec::Vec::new(), alloc::vec::Vec::new());
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
         for step in 0..20_000 {
-            let pool = if next() % 2 == 0 {
-                PoolKind::Small
-            } else {
-                PoolKind::Large
-            };
+            let pool = pick_pool(next());
             let n = 512 * (1 + next() % 64);
             match next() % 10 {
                 // A malloc, as alloc_found_block moves the stats.
                 0..=3 => {
                     fast.allocation.increase(pool, 1);
                     fast.allocated_bytes.increase(pool, n);
-                    if fast.pending.any() {
-                        fast.pending.note_peak(pool, &fast.allocation);
-                        fast.pending_bytes.note_peak(pool, &fast.allocated_bytes);
-                    }
+                    fast.note_active_peak(pool);
                     model.allocation.increase(pool, 1);
                     model.allocated_bytes.increase(pool, n);
                     model.active.increase(pool, 1);
@@ -468,8 +489,7 @@ mod tests {
                     model.allocation.decrease(pool, 1);
                     model.allocated_bytes.decrease(pool, n);
                     if next() % 2 == 0 {
-                        fast.pending.add(pool, 1);
-                        fast.pending_bytes.add(pool, n);
+                        fast.start_pending(pool, n);
                         pending.push((pool, n));
                     } else {
                         model.active.decrease(pool, 1);
@@ -479,8 +499,7 @@ mod tests {
                 // A pending free completes.
                 7 | 8 if !pending.is_empty() => {
                     let (pool, n) = pending.swap_remove(next() as usize % pending.len());
-                    fast.pending.remove(pool, 1);
-                    fast.pending_bytes.remove(pool, n);
+                    fast.end_pending(pool, n);
                     model.active.decrease(pool, 1);
                     model.active_bytes.decrease(pool, n);
                 }

@@ -38,8 +38,7 @@ impl<D: Device> Allocator<D> {
         }
         if recorded {
             // Still active: allocated no longer, pending until its events complete.
-            self.stats.pending.add(pool, 1);
-            self.stats.pending_bytes.add(pool, size);
+            self.stats.start_pending(pool, size);
         } else {
             self.free_block(id);
         }
@@ -165,8 +164,7 @@ impl<D: Device> Allocator<D> {
         block.event_count -= 1;
         if block.event_count == 0 {
             let (pool, size) = (block.pool, block.size);
-            self.stats.pending.remove(pool, 1);
-            self.stats.pending_bytes.remove(pool, size);
+            self.stats.end_pending(pool, size);
             self.free_block(id);
         }
     }

@@ -98,14 +98,7 @@ impl<D: Device> Allocator<D> {
         }
         self.stats.allocation.increase(pool, 1);
         self.stats.allocated_bytes.increase(pool, size);
-        // Active is allocated plus the pending frees: it moved with them, but its peak needs a
-        // look while frees are pending.
-        if self.stats.pending.any() {
-            self.stats.pending.note_peak(pool, &self.stats.allocation);
-            self.stats
-                .pending_bytes
-                .note_peak(pool, &self.stats.allocated_bytes);
-        }
+        self.stats.note_active_peak(pool);
         self.stats.requested_bytes.increase(pool, req.requested);
         if self.is_oversize(size) {
             self.stats.oversize_allocations.increase(1);
