@@ -148,6 +148,9 @@ pub struct Allocator<D: Device> {
     /// merged into a neighbour or its segment is released. Whether the block is live is its
     /// `allocated` flag.
     pub(crate) by_addr: HashMap<u64, BlockId>,
+    /// The other streams each allocated block was used on (torch's `stream_uses`), for the
+    /// blocks with any: a side table, so that the block record stays one cache line.
+    pub(crate) stream_uses: HashMap<BlockId, Vec<D::Stream>>,
     /// Segment start address → the block at that address (it keeps its id for the segment's life).
     pub(crate) segments: BTreeMap<u64, BlockId>,
     pub(crate) events: EventQueues<D::Event, D::Stream>,
@@ -199,6 +202,7 @@ impl<D: Device> Allocator<D> {
             blocks: Blocks::default(),
             pools: Pools::default(),
             by_addr: HashMap::new(),
+            stream_uses: HashMap::new(),
             segments: BTreeMap::new(),
             events: EventQueues::default(),
             stats,

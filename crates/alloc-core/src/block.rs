@@ -27,12 +27,33 @@ impl VmId {
     }
 }
 
-/// Index of a block record in the slab.
+/// Index of a block record in the slab. Slot 0 is never a block's, so that `Option<BlockId>`
+/// (a block's neighbour links) takes four bytes of the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct BlockId(u32);
+pub(crate) struct BlockId(core::num::NonZeroU32);
+
+impl BlockId {
+    /// The id of slab slot `index` (not 0).
+    #[inline]
+    fn new(index: u32) -> BlockId {
+        BlockId(core::num::NonZeroU32::new(index).expect("slot 0 holds no block"))
+    }
+
+    /// The slab slot.
+    #[inline]
+    fn index(self) -> usize {
+        self.0.get() as usize
+    }
+}
 
 /// One block of device memory: allocated, free in a pool, or waiting on stream events.
+///
+/// With an 8-byte stream handle (the runtime's and the simulator's) the record is one 64-byte
+/// cache line, aligned to one: a lookup, a split or a merge reads one line per block. The
+/// streams of `record_stream` live in the allocator's side table (`stream_uses`), which only
+/// blocks used on other streams have an entry in.
 #[derive(Debug, Clone)]
+#[repr(align(64))]
 pub(crate) struct Block<S> {
     /// Device address of the first byte.
     pub(crate) addr: u64,
@@ -56,8 +77,9 @@ pub(crate) struct Block<S> {
     pub(crate) next: Option<BlockId>,
     /// Stream events still outstanding before the block may return to its pool.
     pub(crate) event_count: u32,
-    /// Other streams this block was used on (`record_stream`).
-    pub(crate) stream_uses: Vec<S>,
+    /// Used on other streams (`record_stream`): the allocator's `stream_uses` has its streams.
+    /// Only an allocated block is (its free takes the uses).
+    pub(crate) used_elsewhere: bool,
     /// The pool's lookup counter when the block last entered the pool (GC age base).
     pub(crate) gc_base: u64,
     /// The expandable segment the block lies in (torch's `expandable_segment_`), or `None` for a
@@ -83,7 +105,7 @@ impl<S> Block<S> {
             prev: None,
             next: None,
             event_count: 0,
-            stream_uses: Vec::new(),
+            used_elsewhere: false,
             gc_base: 0,
             vm: None,
             mapped: true,
@@ -115,9 +137,11 @@ impl<S> Block<S> {
 
     /// Whether the block is free and waits on nothing, so it may merge or be reused (torch's
     /// test in `try_merge_blocks` and `find_expandable_block`; an unmapped block is idle too).
+    /// torch also tests the block's stream uses, which only an allocated block has.
     #[inline]
     pub(crate) fn is_idle(&self) -> bool {
-        !self.allocated && self.event_count == 0 && self.stream_uses.is_empty()
+        debug_assert!(self.allocated || !self.used_elsewhere);
+        !self.allocated && self.event_count == 0
     }
 
     /// Whether the block lies in an expandable segment.
@@ -127,7 +151,8 @@ impl<S> Block<S> {
     }
 }
 
-/// The slab of block records, with a free list of vacant slots.
+/// The slab of block records, with a free list of vacant slots. Slot 0 is a placeholder (a copy
+/// of the first block stored), so that ids index the slab without an offset.
 #[derive(Debug)]
 pub(crate) struct Blocks<S> {
     slots: Vec<Block<S>>,
@@ -143,25 +168,28 @@ impl<S> Default for Blocks<S> {
     }
 }
 
-impl<S> Blocks<S> {
+impl<S: Clone> Blocks<S> {
     /// Stores a block and returns its id.
     #[inline]
     pub(crate) fn insert(&mut self, block: Block<S>) -> BlockId {
         if let Some(i) = self.vacant.pop() {
             self.slots[i as usize] = block;
-            BlockId(i)
+            BlockId::new(i)
         } else {
+            if self.slots.is_empty() {
+                self.slots.push(block.clone());
+            }
             let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 blocks");
             self.slots.push(block);
-            BlockId(i)
+            BlockId::new(i)
         }
     }
 
     /// Frees the slot of a block that is no longer linked anywhere.
     #[inline]
     pub(crate) fn remove(&mut self, id: BlockId) {
-        self.slots[id.0 as usize].stream_uses = Vec::new();
-        self.vacant.push(id.0);
+        debug_assert!(!self.slots[id.index()].used_elsewhere);
+        self.vacant.push(id.0.get());
     }
 }
 
@@ -169,13 +197,25 @@ impl<S> core::ops::Index<BlockId> for Blocks<S> {
     type Output = Block<S>;
     #[inline]
     fn index(&self, id: BlockId) -> &Block<S> {
-        &self.slots[id.0 as usize]
+        &self.slots[id.index()]
     }
 }
 
 impl<S> core::ops::IndexMut<BlockId> for Blocks<S> {
     #[inline]
     fn index_mut(&mut self, id: BlockId) -> &mut Block<S> {
-        &mut self.slots[id.0 as usize]
+        &mut self.slots[id.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_with_an_8_byte_stream_is_one_cache_line() {
+        assert_eq!(core::mem::size_of::<Block<u64>>(), 64);
+        assert_eq!(core::mem::align_of::<Block<u64>>(), 64);
+        assert_eq!(core::mem::size_of::<Option<BlockId>>(), 4);
     }
 }

@@ -56,8 +56,12 @@ impl<D: Device> Allocator<D> {
         }
         let id = self.live_block(addr)?;
         let block = &mut self.blocks[id];
-        if stream != block.stream && !block.stream_uses.contains(&stream) {
-            block.stream_uses.push(stream);
+        if stream != block.stream {
+            block.used_elsewhere = true;
+            let uses = self.stream_uses.entry(id).or_default();
+            if !uses.contains(&stream) {
+                uses.push(stream);
+            }
         }
         Ok(())
     }
@@ -87,14 +91,15 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// Records one event per stream in the block's `stream_uses` and queues them. Returns whether
+    /// Records one event per stream in the block's stream uses and queues them. Returns whether
     /// the block must wait for them (`false` when it had no other uses, or when recording failed
     /// and a device synchronization made waiting unnecessary). On error nothing has changed.
     pub(crate) fn record_free_events(&mut self, id: BlockId) -> Result<bool, D::Error> {
-        if self.blocks[id].stream_uses.is_empty() {
+        if !self.blocks[id].used_elsewhere {
             return Ok(false);
         }
-        let uses = core::mem::take(&mut self.blocks[id].stream_uses);
+        let uses = self.stream_uses.remove(&id).unwrap_or_default();
+        self.blocks[id].used_elsewhere = false;
         let mut recorded = Vec::with_capacity(uses.len());
         for &stream in &uses {
             match self.device.record_event(stream) {
@@ -108,7 +113,8 @@ impl<D: Device> Allocator<D> {
                     if self.device.synchronize().is_ok() {
                         return Ok(false);
                     }
-                    self.blocks[id].stream_uses = uses;
+                    self.blocks[id].used_elsewhere = true;
+                    self.stream_uses.insert(id, uses);
                     return Err(e);
                 }
             }

@@ -111,7 +111,7 @@ impl<D: Device> Allocator<D> {
                 });
                 let state = if b.allocated {
                     BlockState::ActiveAllocated
-                } else if b.event_count > 0 || !b.stream_uses.is_empty() {
+                } else if b.event_count > 0 || b.used_elsewhere {
                     BlockState::ActivePendingFree
                 } else {
                     BlockState::Inactive
