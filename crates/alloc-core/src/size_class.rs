@@ -5,8 +5,6 @@
 //! but each bin stays small, so a best-fit lookup is a bitmap scan plus a search in a node or two
 //! instead of a walk down one deep tree.
 
-use alloc::vec::Vec;
-
 use crate::block::BlockId;
 use crate::sorted_bin::{Found, SortedBin};
 
@@ -37,18 +35,19 @@ fn class(size: u64) -> usize {
     8 + (exp - 3) * 8 + mantissa
 }
 
-/// The free blocks of one stream of one pool, binned by size class.
+/// The free blocks of one stream of one pool, binned by size class. The bins are held inline
+/// (about 20 KiB per stream and pool), so a lookup reaches its bin without a pointer to follow.
 #[derive(Debug)]
 pub(crate) struct SizeClasses {
-    bins: Vec<SortedBin>,
     occupied: [u64; WORDS],
+    bins: [SortedBin; CLASSES],
 }
 
 impl Default for SizeClasses {
     fn default() -> Self {
         SizeClasses {
-            bins: (0..CLASSES).map(|_| SortedBin::default()).collect(),
             occupied: [0; WORDS],
+            bins: core::array::from_fn(|_| SortedBin::default()),
         }
     }
 }
@@ -148,6 +147,7 @@ impl SizeClasses {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec::Vec;
 
     #[test]
     fn classes_are_monotone_and_in_range() {
