@@ -54,7 +54,7 @@ impl Counter {
     pub(crate) fn increase(&mut self, n: u64) {
         let n = signed(n);
         self.current = self.current.wrapping_add(n);
-        self.peak = self.peak.max(self.current);
+        self.raise_peak();
         self.added = self.added.saturating_add(n as u64);
     }
 
@@ -69,8 +69,17 @@ impl Counter {
     #[inline]
     pub(crate) fn apply(&mut self, delta: i64) {
         self.current = self.current.wrapping_add(delta);
-        self.peak = self.peak.max(self.current);
+        self.raise_peak();
         self.added = self.added.saturating_add(delta.max(0) as u64);
+    }
+
+    /// Moves the peak up to `current` if it got past it: once a workload has reached its
+    /// peak this is a compare and a branch not taken, with no store.
+    #[inline(always)]
+    fn raise_peak(&mut self) {
+        if self.current > self.peak {
+            self.peak = self.current;
+        }
     }
 
     /// The value now.
@@ -127,7 +136,7 @@ impl PoolCounters {
     #[inline]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
         self.pools[pool_index(pool)].increase(n);
-        self.all_peak = self.all_peak.max(self.all_current());
+        self.raise_all_peak();
     }
 
     /// Decreases `pool` (and so "all") by `n`.
@@ -140,7 +149,16 @@ impl PoolCounters {
     #[inline]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
         self.pools[pool_index(pool)].apply(delta);
-        self.all_peak = self.all_peak.max(self.all_current());
+        self.raise_all_peak();
+    }
+
+    /// [`Counter::raise_peak`] for "all".
+    #[inline(always)]
+    fn raise_all_peak(&mut self) {
+        let all = self.all_current();
+        if all > self.all_peak {
+            self.all_peak = all;
+        }
     }
 
     /// The current value for all pools together.
