@@ -67,7 +67,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// The live block at `addr`, or why there is none.
-    #[inline]
+    #[inline(always)]
     fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {
         match self.by_addr.get(&addr) {
             Some(&id) if self.blocks[id].allocated => Ok(id),

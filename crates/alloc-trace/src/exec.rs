@@ -719,7 +719,7 @@ impl Executor {
     }
 
     /// Executes one operation (and, with checks, judges it and checks every invariant).
-    #[inline]
+    #[inline(always)]
     pub fn step(&mut self, op: &Op) -> Result<(), ExecError> {
         self.counts.ops += 1;
         self.last_line = op.line;
