@@ -5,6 +5,8 @@
 //! but each bin stays small, so a best-fit lookup is a bitmap scan plus a search in a node or two
 //! instead of a walk down one deep tree.
 
+use alloc::boxed::Box;
+
 use crate::block::BlockId;
 use crate::sorted_bin::{Found, SortedBin};
 
@@ -35,19 +37,21 @@ fn class(size: u64) -> usize {
     8 + (exp - 3) * 8 + mantissa
 }
 
-/// The free blocks of one stream of one pool, binned by size class. The bins are held inline
-/// (about 20 KiB per stream and pool), so a lookup reaches its bin without a pointer to follow.
+/// The free blocks of one stream of one pool, binned by size class. The bins are a fixed-size
+/// array, so a class indexes them without a bounds check; it is built on the heap, as 424 bins
+/// (about 20 KiB) would be a large temporary on a small stack (a loom model's threads).
 #[derive(Debug)]
 pub(crate) struct SizeClasses {
     occupied: [u64; WORDS],
-    bins: [SortedBin; CLASSES],
+    bins: Box<[SortedBin; CLASSES]>,
 }
 
 impl Default for SizeClasses {
     fn default() -> Self {
+        let bins: Box<[SortedBin]> = (0..CLASSES).map(|_| SortedBin::default()).collect();
         SizeClasses {
             occupied: [0; WORDS],
-            bins: core::array::from_fn(|_| SortedBin::default()),
+            bins: bins.try_into().expect("CLASSES bins"),
         }
     }
 }
