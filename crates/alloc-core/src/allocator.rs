@@ -146,8 +146,9 @@ pub struct Allocator<D: Device> {
     /// exists. A freed block keeps its entry, so a cached block handed out again (the common
     /// hit) needs no hash update, and `free` only looks up; an entry goes when its block is
     /// merged into a neighbour or its segment is released. Whether the block is live is its
-    /// `allocated` flag.
-    pub(crate) by_addr: HashMap<u64, BlockId>,
+    /// `allocated` flag. Hashed by `rustc-hash`'s multiply: addresses come from the device, not
+    /// from an adversary, and one multiply with no seed to load keeps `free`'s lookup short.
+    pub(crate) by_addr: HashMap<u64, BlockId, rustc_hash::FxBuildHasher>,
     /// The other streams each allocated block was used on (torch's `stream_uses`), for the
     /// blocks with any: a side table, so that the block record stays one cache line.
     pub(crate) stream_uses: HashMap<BlockId, Vec<D::Stream>>,
@@ -201,7 +202,7 @@ impl<D: Device> Allocator<D> {
             facts,
             blocks: Blocks::default(),
             pools: Pools::default(),
-            by_addr: HashMap::new(),
+            by_addr: HashMap::default(),
             stream_uses: HashMap::new(),
             segments: BTreeMap::new(),
             events: EventQueues::default(),
