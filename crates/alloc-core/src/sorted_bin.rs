@@ -106,6 +106,11 @@ impl SortedBin {
     /// Removes the entry with `key`; returns whether it was there.
     #[inline]
     pub(crate) fn remove(&mut self, key: u128) -> bool {
+        if self.low.last().is_some_and(|e| e.0 == key) {
+            self.low.pop();
+            self.refill();
+            return true;
+        }
         let removed = match self.low.first() {
             Some(&(largest, _)) if key <= largest => {
                 match self.low.binary_search_by(|e| key.cmp(&e.0)) {
