@@ -78,7 +78,7 @@ pub(crate) struct Block<S> {
     /// Stream events still outstanding before the block may return to its pool.
     pub(crate) event_count: u32,
     /// Used on other streams (`record_stream`): the allocator's `stream_uses` has its streams.
-    /// Only an allocated block is (its free takes the uses).
+    /// Only ever set on an allocated block: its free takes the uses.
     pub(crate) used_elsewhere: bool,
     /// The pool's lookup counter when the block last entered the pool (GC age base).
     pub(crate) gc_base: u64,

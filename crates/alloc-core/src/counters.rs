@@ -423,6 +423,21 @@ mod tests {
         }
     }
 
+    /// A reset of both sides when `draw` asks for one: 0 the peaks, 1 the accumulated totals.
+    fn reset_both(fast: &mut Counters, model: &mut DeviceStats, draw: u64) {
+        match draw {
+            0 => {
+                fast.reset_peak();
+                model.reset_peak();
+            }
+            1 => {
+                fast.reset_accumulated();
+                model.reset_accumulated();
+            }
+            _ => {}
+        }
+    }
+
     /// A pool from a random draw.
     fn pick_pool(draw: u64) -> PoolKind {
         if draw % 2 == 0 {
@@ -458,17 +473,7 @@ mod tests {
                     fast.reserved_bytes.apply(pool, delta);
                     model.reserved_bytes.apply(pool, delta);
                 }
-                _ => match next() % 8 {
-                    0 => {
-                        fast.reset_peak();
-                        model.reset_peak();
-                    }
-                    1 => {
-                        fast.reset_accumulated();
-                        model.reset_accumulated();
-                    }
-                    _ => {}
-                },
+                _ => reset_both(&mut fast, &mut model, next() % 8),
             }
             assert_eq!(fast.report(), model, "step {step}");
         }
@@ -521,17 +526,7 @@ mod tests {
                     model.active.decrease(pool, 1);
                     model.active_bytes.decrease(pool, n);
                 }
-                _ => match next() % 4 {
-                    0 => {
-                        fast.reset_peak();
-                        model.reset_peak();
-                    }
-                    1 => {
-                        fast.reset_accumulated();
-                        model.reset_accumulated();
-                    }
-                    _ => {}
-                },
+                _ => reset_both(&mut fast, &mut model, next() % 4),
             }
             let report = fast.report();
             assert_eq!(

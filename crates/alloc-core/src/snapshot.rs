@@ -111,7 +111,7 @@ impl<D: Device> Allocator<D> {
                 });
                 let state = if b.allocated {
                     BlockState::ActiveAllocated
-                } else if b.event_count > 0 || b.used_elsewhere {
+                } else if !b.is_idle() {
                     BlockState::ActivePendingFree
                 } else {
                     BlockState::Inactive

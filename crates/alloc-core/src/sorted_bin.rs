@@ -106,6 +106,8 @@ impl SortedBin {
     /// Removes the entry with `key`; returns whether it was there.
     #[inline]
     pub(crate) fn remove(&mut self, key: u128) -> bool {
+        // The lowest first, with no search (a merge's free neighbour often is): as a path of its
+        // own it costs fewer instructions than as a first probe before the binary search.
         if self.low.last().is_some_and(|e| e.0 == key) {
             self.low.pop();
             self.refill();
