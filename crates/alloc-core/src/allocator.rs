@@ -18,7 +18,7 @@ use crate::expandable::{ExpandableSegment, Parked};
 use crate::history::History;
 use crate::memory_saver::Saver;
 use crate::private_pool::{PoolSet, Pools};
-use crate::size::PoolKind;
+use crate::size::{self, PoolKind};
 use crate::stats::DeviceStats;
 use crate::stream_events::EventQueues;
 
@@ -138,6 +138,9 @@ pub(crate) struct Request<S> {
 pub struct Allocator<D: Device> {
     pub(crate) device: D,
     pub(crate) conf: AllocConf,
+    /// Whether `conf` rounds any size to power-of-two divisions ([`size::divides`]): cached with
+    /// the configuration, as every malloc asks.
+    pub(crate) divides: bool,
     pub(crate) facts: DeviceFacts,
     pub(crate) blocks: Blocks<D::Stream>,
     /// The default pools and the private pools, indexed by (set, kind).
@@ -198,6 +201,7 @@ impl<D: Device> Allocator<D> {
         };
         let mut allocator = Allocator {
             device,
+            divides: size::divides(&conf),
             conf,
             facts,
             blocks: Blocks::default(),
@@ -250,6 +254,7 @@ impl<D: Device> Allocator<D> {
         let was = self.conf.expandable_segments;
         let max_split_changed = self.conf.max_split_size != conf.max_split_size;
         self.conf = conf.clone();
+        self.divides = size::divides(conf);
         self.stats.max_split_size = conf.max_split_size;
         if max_split_changed {
             self.recount_oversize();

@@ -137,7 +137,11 @@ impl<D: Device> Allocator<D> {
             return Err(AllocError::TooLarge { size });
         };
         self.process_events().map_err(AllocError::Device)?;
-        let rounded = size::round_size(padded, &self.conf);
+        let rounded = if self.divides {
+            size::round_size(padded, &self.conf)
+        } else {
+            size::round_512(padded)
+        };
         Ok(Some(Request {
             stream,
             requested: size,

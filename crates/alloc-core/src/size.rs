@@ -73,8 +73,21 @@ pub fn round_size(size: u64, conf: &AllocConf) -> u64 {
     if divisions > 1 && size > MIN_BLOCK_SIZE * u64::from(divisions) {
         roundup_power2_next_division(size, divisions)
     } else {
-        size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+        round_512(size)
     }
+}
+
+/// [`round_size`] for a configuration without `roundup_power2_divisions` (every bucket 0 or 1):
+/// 512-byte multiples, with no bucket to look up. `size` is not 0.
+#[inline]
+pub(crate) fn round_512(size: u64) -> u64 {
+    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+}
+
+/// Whether any `roundup_power2_divisions` bucket of `conf` rounds to divisions; without, every
+/// size rounds by [`round_512`].
+pub(crate) fn divides(conf: &AllocConf) -> bool {
+    conf.roundup_power2_divisions.iter().any(|&d| d > 1)
 }
 
 /// torch's `get_allocation_size`: the segment to request from the device for a rounded size.

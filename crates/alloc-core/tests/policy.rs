@@ -105,6 +105,22 @@ fn roundup_divisions_through_the_allocator() {
     let mut b = cuda(GIB, &conf("roundup_power2_divisions:8"));
     b.malloc(84 * MIB, S0).unwrap();
     assert_eq!(stat(&b, "allocated_bytes.all.current"), (88 * MIB) as i64);
+    // Settings changed at run time: divisions off, then on again.
+    let mut c = cuda(GIB, &AllocConf::default());
+    c.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(stat(&c, "allocated_bytes.all.current"), (84 * MIB) as i64);
+    c.set_conf(&conf("roundup_power2_divisions:4"));
+    c.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(
+        stat(&c, "allocated_bytes.all.current"),
+        (84 * MIB + 96 * MIB) as i64
+    );
+    c.set_conf(&AllocConf::default());
+    c.malloc(84 * MIB, S0).unwrap();
+    assert_eq!(
+        stat(&c, "allocated_bytes.all.current"),
+        (2 * 84 * MIB + 96 * MIB) as i64
+    );
 }
 
 #[test]
