@@ -2,13 +2,16 @@
 //! exact, but a malloc or free does little work for it.
 //!
 //! torch updates current, peak, allocated and freed of "all" and of the pool at each change.
-//! Here each pool keeps only its current value, its peak and its total of increases; a decrease
-//! is one subtraction. The rest is derived when [`Counters::report`] builds the [`DeviceStats`]:
+//! Here each pool keeps its peak, its headroom (peak − current) and its total of increases.
+//! An increase subtracts from the headroom and sets a new peak only when that goes below 0 (a
+//! subtraction and a sign test, with no compare against a stored peak); a decrease adds to it.
+//! The rest is derived when [`Counters::report`] builds the [`DeviceStats`]:
+//! - current = peak − headroom;
 //! - freed = (current at the last accumulated reset) + allocated − current, since every change
 //!   since that reset is an increase or a decrease;
-//! - "all" current, allocated and freed are the sums of the pools';
-//! - only the peak of "all" is kept apart (a peak of a sum is not the sum of peaks), moved on
-//!   increases only, as a decrease cannot raise it.
+//! - "all" allocated and freed are the sums of the pools';
+//! - "all" keeps a peak and a headroom of its own (a peak of a sum is not the sum of peaks),
+//!   moved with each pool's, so "all" current is its peak − its headroom.
 //!
 //! `active` and `active_bytes` are not kept at all: a block is active while it is allocated or
 //! while its free waits on stream events, so they are `allocation` and `allocated_bytes` plus
@@ -38,17 +41,52 @@ fn total(n: i128) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-/// One statistic of one pool (or one without pools, such as the oversize counts).
+/// A value and its peak, kept as the peak and the headroom below it (peak − current).
 ///
-/// Inside the allocator `current` never leaves `0..=i64::MAX`: byte values are bounded by the
-/// reserve and counts by the number of blocks.
+/// Inside the allocator the value never leaves `0..=i64::MAX` (byte values are bounded by the
+/// reserve, counts by the number of blocks), so neither does the headroom.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Level {
+    peak: i64,
+    headroom: i64,
+}
+
+impl Level {
+    /// Adds `n` (negative: removes), moving the peak up if the value passes it: once a
+    /// workload has reached its peak, a subtraction and a sign test.
+    #[inline(always)]
+    fn rise(&mut self, n: i64) {
+        self.headroom = self.headroom.wrapping_sub(n);
+        if self.headroom < 0 {
+            self.peak = self.peak.wrapping_sub(self.headroom);
+            self.headroom = 0;
+        }
+    }
+
+    /// Removes `n`: no peak can follow.
+    #[inline(always)]
+    fn fall(&mut self, n: i64) {
+        self.headroom = self.headroom.wrapping_add(n);
+    }
+
+    #[inline]
+    fn current(&self) -> i64 {
+        self.peak.wrapping_sub(self.headroom)
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current();
+        self.headroom = 0;
+    }
+}
+
+/// One statistic of one pool (or one without pools, such as the oversize counts).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counter {
-    current: i64,
-    peak: i64,
+    level: Level,
     /// Sum of increases since the accumulated reset, stopping at `u64::MAX`.
     added: u64,
-    /// `current` at the accumulated reset.
+    /// The value at the accumulated reset.
     base: i64,
 }
 
@@ -57,63 +95,52 @@ impl Counter {
     #[inline]
     pub(crate) fn increase(&mut self, n: u64) {
         let n = signed(n);
-        self.current = self.current.wrapping_add(n);
-        self.raise_peak();
+        self.level.rise(n);
         self.added = self.added.saturating_add(n as u64);
     }
 
     /// torch's `decrease_stat`.
     #[inline]
     pub(crate) fn decrease(&mut self, n: u64) {
-        self.current = self.current.wrapping_sub(signed(n));
+        self.level.fall(signed(n));
     }
 
     /// A signed net change as one increase or one decrease, as torch applies it; without
-    /// branches (the sign of a merge's net change is data-dependent).
+    /// branches on its sign (the sign of a merge's net change is data-dependent).
     #[inline]
     pub(crate) fn apply(&mut self, delta: i64) {
-        self.current = self.current.wrapping_add(delta);
-        self.raise_peak();
+        self.level.rise(delta);
         self.added = self.added.saturating_add(delta.max(0) as u64);
-    }
-
-    /// Moves the peak up to `current` if it got past it: once a workload has reached its
-    /// peak this is a compare and a branch not taken, with no store.
-    #[inline(always)]
-    fn raise_peak(&mut self) {
-        if self.current > self.peak {
-            self.peak = self.current;
-        }
     }
 
     /// The value now.
     #[inline]
     pub(crate) fn current(&self) -> i64 {
-        self.current
+        self.level.current()
     }
 
     /// Exact total of decreases since the accumulated reset (below the stop of `added`).
     fn freed(&self) -> i128 {
-        i128::from(self.base) + i128::from(self.added) - i128::from(self.current)
+        i128::from(self.base) + i128::from(self.added) - i128::from(self.current())
     }
 
     /// The reported statistic.
     pub(crate) fn stat(&self) -> Stat {
         Stat {
-            current: self.current,
-            peak: self.peak,
+            current: self.current(),
+            peak: self.level.peak,
             allocated: total(i128::from(self.added)),
             freed: total(self.freed()),
         }
     }
 
     fn reset_peak(&mut self) {
-        self.peak = self.current;
+        self.level.reset_peak();
     }
 
     fn reset_accumulated(&mut self) {
         self.added = 0;
-        self.base = self.current;
+        self.base = self.current();
     }
 }
 
@@ -122,8 +149,8 @@ impl Counter {
 pub(crate) struct PoolCounters {
     /// Indexed by [`pool_index`].
     pools: [Counter; 2],
-    /// Peak of the sum of the pools' current values.
-    all_peak: i64,
+    /// "All": the sum of the pools' values and its own peak.
+    all: Level,
 }
 
 /// The slot of `pool` in [`PoolCounters`].
@@ -140,36 +167,27 @@ impl PoolCounters {
     #[inline]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
         self.pools[pool_index(pool)].increase(n);
-        self.raise_all_peak();
+        self.all.rise(signed(n));
     }
 
     /// Decreases `pool` (and so "all") by `n`.
     #[inline]
     pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
         self.pools[pool_index(pool)].decrease(n);
+        self.all.fall(signed(n));
     }
 
     /// Applies a net change to `pool` (and so "all").
     #[inline]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
         self.pools[pool_index(pool)].apply(delta);
-        self.raise_all_peak();
-    }
-
-    /// [`Counter::raise_peak`] for "all".
-    #[inline(always)]
-    fn raise_all_peak(&mut self) {
-        let all = self.all_current();
-        if all > self.all_peak {
-            self.all_peak = all;
-        }
+        self.all.rise(delta);
     }
 
     /// The current value for all pools together.
     #[inline]
     pub(crate) fn all_current(&self) -> i64 {
-        let [small, large] = &self.pools;
-        small.current.wrapping_add(large.current)
+        self.all.current()
     }
 
     /// torch's `StatArray` for this statistic.
@@ -178,7 +196,7 @@ impl PoolCounters {
         StatArray {
             all: Stat {
                 current: self.all_current(),
-                peak: self.all_peak,
+                peak: self.all.peak,
                 allocated: total(i128::from(small.added) + i128::from(large.added)),
                 freed: total(small.freed() + large.freed()),
             },
@@ -189,7 +207,7 @@ impl PoolCounters {
 
     fn reset_peak(&mut self) {
         self.pools.iter_mut().for_each(Counter::reset_peak);
-        self.all_peak = self.all_current();
+        self.all.reset_peak();
     }
 
     fn reset_accumulated(&mut self) {
@@ -242,7 +260,7 @@ impl Pending {
     #[inline(never)]
     fn note_peak(&mut self, pool: PoolKind, allocated: &PoolCounters) {
         let i = pool_index(pool);
-        self.peak[i] = self.peak[i].max(allocated.pools[i].current + self.current[i]);
+        self.peak[i] = self.peak[i].max(allocated.pools[i].current() + self.current[i]);
         self.peak[2] = self.peak[2].max(allocated.all_current() + self.all());
     }
 
@@ -258,7 +276,7 @@ impl Pending {
 
     fn reset_peak(&mut self, allocated: &PoolCounters) {
         for i in 0..2 {
-            self.peak[i] = allocated.pools[i].current + self.current[i];
+            self.peak[i] = allocated.pools[i].current() + self.current[i];
         }
         self.peak[2] = self.active(allocated);
     }
@@ -276,8 +294,8 @@ impl Pending {
         let pool = |i: usize| {
             let a = &allocated.pools[i];
             Stat {
-                current: a.current + self.current[i],
-                peak: a.peak.max(self.peak[i]),
+                current: a.current() + self.current[i],
+                peak: a.level.peak.max(self.peak[i]),
                 allocated: total(i128::from(a.added)),
                 freed: total(freed(i)),
             }
@@ -286,7 +304,7 @@ impl Pending {
         StatArray {
             all: Stat {
                 current: self.active(allocated),
-                peak: allocated.all_peak.max(self.peak[2]),
+                peak: allocated.all.peak.max(self.peak[2]),
                 allocated: total(i128::from(small.added) + i128::from(large.added)),
                 freed: total(freed(0) + freed(1)),
             },
