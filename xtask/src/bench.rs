@@ -246,6 +246,13 @@ fn cases() -> Vec<Case> {
             ));
         }
     }
+    // The floor of that ratio here: the core pair plus two uncontended lock/unlock pairs.
+    out.extend(Case::paired(
+        "runtime_lock_floor",
+        "runtime_lock_floor",
+        Some(16),
+        None,
+    ));
     if let Some(total) = median_ns("replay/200000") {
         // Per operation, against the 25 million operations per second target (40 ns; the first
         // bar was 10 M).

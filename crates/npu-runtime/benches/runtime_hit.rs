@@ -3,6 +3,11 @@
 //! with the same pair on the bare `alloc-core` allocator (alloc-core's `core_hit/16` population;
 //! see `testkit::paired`), so `cargo xtask bench` divides one by the other without run-to-run
 //! noise.
+//!
+//! `runtime_lock_floor` is what no runtime with one lock per device can go below: the same core
+//! pair plus two uncontended lock/unlock pairs of `std::sync::Mutex` (the primitive under the
+//! runtime's device lock; malloc and free each take it once), interleaved with the bare pair.
+//! Its ratio is the floor of `runtime_hit`'s on this machine.
 
 // criterion_group! generates an undocumented function.
 #![allow(missing_docs)]
@@ -50,6 +55,29 @@ fn runtime_hit(c: &mut Criterion) {
         })
     });
     pair.save().expect("writing the paired result");
+
+    let (mut floor_core, _live) = cached_allocator(16);
+    let (mut bare_core, _live) = cached_allocator(16);
+    let lock = std::sync::Mutex::new(0u64);
+    let mut floor = Paired::new("runtime_lock_floor", "core_hit/16");
+    c.bench_function("runtime_lock_floor", |b| {
+        b.iter_custom(|iters| {
+            floor.run(
+                iters,
+                |i| {
+                    *black_box(&lock).lock().unwrap() += 1;
+                    let p = floor_core.malloc(black_box(hit_size(i as usize)), S0).unwrap();
+                    *black_box(&lock).lock().unwrap() += 1;
+                    floor_core.free(black_box(p)).unwrap();
+                },
+                |i| {
+                    let p = bare_core.malloc(black_box(hit_size(i as usize)), S0).unwrap();
+                    bare_core.free(black_box(p)).unwrap();
+                },
+            )
+        })
+    });
+    floor.save().expect("writing the paired result");
 }
 
 criterion_group!(benches, runtime_hit);
