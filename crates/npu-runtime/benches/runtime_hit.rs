@@ -66,12 +66,16 @@ fn runtime_hit(c: &mut Criterion) {
                 iters,
                 |i| {
                     *black_box(&lock).lock().unwrap() += 1;
-                    let p = floor_core.malloc(black_box(hit_size(i as usize)), S0).unwrap();
+                    let p = floor_core
+                        .malloc(black_box(hit_size(i as usize)), S0)
+                        .unwrap();
                     *black_box(&lock).lock().unwrap() += 1;
                     floor_core.free(black_box(p)).unwrap();
                 },
                 |i| {
-                    let p = bare_core.malloc(black_box(hit_size(i as usize)), S0).unwrap();
+                    let p = bare_core
+                        .malloc(black_box(hit_size(i as usize)), S0)
+                        .unwrap();
                     bare_core.free(black_box(p)).unwrap();
                 },
             )
