@@ -1,5 +1,6 @@
 //! Errors of the policy core, each with torch_npu's wording where users know it.
 
+use alloc::boxed::Box;
 use alloc::string::String;
 use core::fmt;
 
@@ -88,8 +89,9 @@ impl fmt::Display for OutOfMemory {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum AllocError<E> {
-    /// No memory after torch's whole retry chain.
-    OutOfMemory(OutOfMemory),
+    /// No memory after torch's whole retry chain. Boxed: the report is large, and every
+    /// `malloc` result is as large as its largest error.
+    OutOfMemory(Box<OutOfMemory>),
     /// A request of 1 EiB or more, refused before the allocator runs.
     TooLarge {
         /// The requested size.

@@ -9,6 +9,8 @@
 //! allocator in between; as in torch_npu, the chain then goes on without looking at the cache
 //! again. [`Allocator::malloc`] is the same loop with the device called in place.
 
+use alloc::boxed::Box;
+
 use crate::allocator::{Allocator, Flavour, MAX_RESERVE, Request};
 use crate::block::{Block, BlockId};
 use crate::device::{Device, DeviceError, VmmError};
@@ -144,7 +146,9 @@ impl<D: Device> Allocator<D> {
             after_sync,
         } = pending;
         if !synchronized {
-            return MallocStep::Done(Err(AllocError::OutOfMemory(self.out_of_memory(&req))));
+            return MallocStep::Done(Err(AllocError::OutOfMemory(Box::new(
+                self.out_of_memory(&req),
+            ))));
         }
         match after_sync {
             AfterSync::Gc => {
@@ -257,14 +261,14 @@ impl<D: Device> Allocator<D> {
             (_, HostQueue::NoRelease) => {
                 return MallocStep::Done(Err(match error {
                     Some(e) => AllocError::Device(e),
-                    None => AllocError::OutOfMemory(self.out_of_memory(&req)),
+                    None => AllocError::OutOfMemory(Box::new(self.out_of_memory(&req))),
                 }));
             }
         }
         if stage == Stage::Retry {
             return MallocStep::Done(Err(match error {
                 Some(e) => AllocError::Device(e),
-                None => AllocError::OutOfMemory(self.out_of_memory(&req)),
+                None => AllocError::OutOfMemory(Box::new(self.out_of_memory(&req))),
             }));
         }
         self.release_and_retry(req, stage)

@@ -728,8 +728,11 @@ impl Executor {
             // so an alloc or a free is judged as it returns, without building an outcome.
             match op.kind {
                 OpKind::Alloc { id, size, stream } => {
-                    let result = self.alloc_op(id, size, stream, op.line)?;
-                    return self.judge_alloc(result);
+                    // A success first: nothing to count.
+                    return match self.alloc_op(id, size, stream, op.line)? {
+                        Ok(_) => Ok(()),
+                        failed => self.judge_alloc(failed),
+                    };
                 }
                 OpKind::Free { id } => {
                     return match self.free_op(id, op.line)? {

@@ -60,7 +60,7 @@ impl<D: Device> Uncached<D> {
             Err(DeviceError::Other(e)) => Err(AllocError::Device(e).into()),
             Err(DeviceError::OutOfMemory) => {
                 let info = self.device.lock().mem_info().ok();
-                Err(AllocError::OutOfMemory(OutOfMemory {
+                Err(AllocError::OutOfMemory(Box::new(OutOfMemory {
                     device: self.index,
                     requested: size,
                     alloc_size: bytes,
@@ -70,7 +70,7 @@ impl<D: Device> Uncached<D> {
                     active: 0,
                     reserved: 0,
                     allowed: None,
-                })
+                }))
                 .into())
             }
         }
