@@ -323,7 +323,7 @@ impl<D: Device> Allocator<D> {
                 id = merged;
             }
         }
-        self.pools[(set, pool)].insert(&mut self.blocks, id);
+        self.pools[(set, pool)].insert(&mut self.blocks[id], id);
         self.total_allocated += mapped;
         self.stats.reserved_bytes.increase(pool, mapped);
         self.stats.num_device_alloc += 1;
@@ -429,7 +429,7 @@ impl<D: Device> Allocator<D> {
             }
             self.blocks[id].next = Some(uid);
             self.blocks[id].size = before;
-            self.pools[(set, pool)].insert(&mut self.blocks, id);
+            self.pools[(set, pool)].insert(&mut self.blocks[id], id);
             uid
         } else {
             let b = &mut self.blocks[id];
@@ -448,7 +448,7 @@ impl<D: Device> Allocator<D> {
                 self.blocks[next].prev = Some(aid);
             }
             self.blocks[uid].next = Some(aid);
-            self.pools[(set, pool)].insert(&mut self.blocks, aid);
+            self.pools[(set, pool)].insert(&mut self.blocks[aid], aid);
         }
         let mut uid = uid;
         for next in [false, true] {

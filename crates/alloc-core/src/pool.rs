@@ -8,7 +8,7 @@
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
-use crate::block::{BlockId, Blocks};
+use crate::block::{Block, BlockId, Blocks};
 use crate::size_class::{SizeClasses, key, size_of};
 
 /// The free blocks of one pool and its lookup counter (the clock of GC ages).
@@ -59,10 +59,9 @@ impl<S: Ord + Copy> BlockPool<S> {
         i
     }
 
-    /// Puts a free block into the pool and starts its GC age.
+    /// Puts free block `id` (its record `block`) into the pool and starts its GC age.
     #[inline(always)]
-    pub(crate) fn insert(&mut self, blocks: &mut Blocks<S>, id: BlockId) {
-        let block = &mut blocks[id];
+    pub(crate) fn insert(&mut self, block: &mut Block<S>, id: BlockId) {
         block.gc_base = self.lookups;
         let (stream, k) = (block.stream, key(block.size, block.addr));
         self.stream_mut(stream).insert(k, id);

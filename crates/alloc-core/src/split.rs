@@ -70,7 +70,7 @@ impl<D: Device> Allocator<D> {
             let block = &mut self.blocks[id];
             block.next = Some(rid);
             block.size = size;
-            self.pools[(set, pool)].insert(&mut self.blocks, rid);
+            self.pools[(set, pool)].insert(&mut self.blocks[rid], rid);
             if counted && already_split {
                 // An already-split free block shrinks by `size` bytes.
                 self.stats.inactive_split_bytes.decrease(pool, size);
@@ -144,7 +144,7 @@ impl<D: Device> Allocator<D> {
         let head = &mut self.blocks[id];
         head.next = Some(aid);
         head.size = offset;
-        self.pools[(set, pool)].insert(&mut self.blocks, id);
+        self.pools[(set, pool)].insert(&mut self.blocks[id], id);
         self.blocks[id].gc_base = gc_base;
         if !self.blocks[id].is_expandable() {
             // Both parts are now free split blocks (torch_npu leaves the head out of the count;
@@ -168,17 +168,21 @@ impl<D: Device> Allocator<D> {
             self.record(Action::FreeCompleted, addr, requested, Some(stream));
         }
         let block = &self.blocks[id];
-        let (pool, set, requested) = (block.pool, block.set, block.requested);
+        let (pool, set, requested, mapped) = (block.pool, block.set, block.requested, block.mapped);
+        let (below, above) = (block.prev, block.next);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
-        // Merge with the block below first, then the one above, as torch does.
+        // Merge with the block below first, then the one above, as torch does. The links are
+        // read once: merging below leaves the block above where it was.
         let mut id = id;
-        for next in [false, true] {
-            if let Some((merged, bytes)) = self.try_merge(id, next) {
-                id = merged;
-                net_bytes -= bytes as i64;
-                net_blocks -= 1;
-            }
+        if let Some((merged, bytes)) = below.and_then(|b| self.merge_with(id, b, false, mapped)) {
+            id = merged;
+            net_bytes -= bytes as i64;
+            net_blocks -= 1;
+        }
+        if let Some((_, bytes)) = above.and_then(|a| self.merge_with(id, a, true, mapped)) {
+            net_bytes -= bytes as i64;
+            net_blocks -= 1;
         }
         let block = &mut self.blocks[id];
         block.requested = 0;
@@ -187,7 +191,7 @@ impl<D: Device> Allocator<D> {
             net_bytes += block.size as i64;
         }
         let counted = !block.is_expandable();
-        self.pools[(set, pool)].insert(&mut self.blocks, id);
+        self.pools[(set, pool)].insert(block, id);
         if counted {
             self.stats.inactive_split.apply(pool, net_blocks);
             self.stats.inactive_split_bytes.apply(pool, net_bytes);
@@ -198,13 +202,26 @@ impl<D: Device> Allocator<D> {
     /// torch's `try_merge_blocks`: folds the neighbour of `id` (the one above if `next`, else the
     /// one below) into it if that neighbour is idle and mapped alike, taking it out of its pool
     /// set. Returns the merged block's id (the lower one's) and the bytes taken in.
-    // Always inlined: `next` is a constant at every call, and the free path is hot.
-    #[inline(always)]
     pub(crate) fn try_merge(&mut self, id: BlockId, next: bool) -> Option<(BlockId, u64)> {
         let block = &self.blocks[id];
         let other = if next { block.next } else { block.prev }?;
+        let mapped = block.mapped;
+        self.merge_with(id, other, next, mapped)
+    }
+
+    /// [`Allocator::try_merge`] with the neighbour `other` and whether block `id` is `mapped`
+    /// already read.
+    // Always inlined: `next` is a constant at every call, and the free path is hot.
+    #[inline(always)]
+    fn merge_with(
+        &mut self,
+        id: BlockId,
+        other: BlockId,
+        next: bool,
+        mapped: bool,
+    ) -> Option<(BlockId, u64)> {
         let o = &self.blocks[other];
-        if !o.is_idle() || o.mapped != block.mapped {
+        if !o.is_idle() || o.mapped != mapped {
             return None;
         }
         let (size, stream, addr) = (o.size, o.stream, o.addr);
