@@ -17,10 +17,10 @@
 //! while its free waits on stream events, so they are `allocation` and `allocated_bytes` plus
 //! the [`Pending`] frees. A cache hit moves neither of them; see [`Pending`] for their peaks.
 //!
-//! Totals stop at `i64::MAX`, as [`Stat`] documents. A pool's total of increases stops at
-//! `u64::MAX` instead, which keeps the derivation exact below it and reports `i64::MAX` at it:
-//! a freed total derived from a stopped sum is at least `u64::MAX − i64::MAX`, and so is the
-//! true one.
+//! Reported totals stop at `i64::MAX`, as [`Stat`] documents. A pool's total of increases is
+//! kept in 128 bits, which no run can fill (every change is below 2^63), so the derivation is
+//! exact at any size; it is also cheaper than a 64-bit sum that stops at its top (an add and an
+//! add-with-carry, no compare and select).
 
 use crate::size::PoolKind;
 use crate::stats::{DeviceStats, Stat, StatArray};
@@ -84,8 +84,8 @@ impl Level {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counter {
     level: Level,
-    /// Sum of increases since the accumulated reset, stopping at `u64::MAX`.
-    added: u64,
+    /// Sum of increases since the accumulated reset.
+    added: u128,
     /// The value at the accumulated reset.
     base: i64,
 }
@@ -96,7 +96,7 @@ impl Counter {
     pub(crate) fn increase(&mut self, n: u64) {
         let n = signed(n);
         self.level.rise(n);
-        self.added = self.added.saturating_add(n as u64);
+        self.added += n as u128;
     }
 
     /// torch's `decrease_stat`.
@@ -110,7 +110,7 @@ impl Counter {
     #[inline]
     pub(crate) fn apply(&mut self, delta: i64) {
         self.level.rise(delta);
-        self.added = self.added.saturating_add(delta.max(0) as u64);
+        self.added += delta.max(0) as u128;
     }
 
     /// The value now.
@@ -119,9 +119,9 @@ impl Counter {
         self.level.current()
     }
 
-    /// Exact total of decreases since the accumulated reset (below the stop of `added`).
+    /// Exact total of decreases since the accumulated reset.
     fn freed(&self) -> i128 {
-        i128::from(self.base) + i128::from(self.added) - i128::from(self.current())
+        i128::from(self.base) + self.added as i128 - i128::from(self.current())
     }
 
     /// The reported statistic.
@@ -129,7 +129,7 @@ impl Counter {
         Stat {
             current: self.current(),
             peak: self.level.peak,
-            allocated: total(i128::from(self.added)),
+            allocated: total(self.added as i128),
             freed: total(self.freed()),
         }
     }
@@ -197,7 +197,7 @@ impl PoolCounters {
             all: Stat {
                 current: self.all_current(),
                 peak: self.all.peak,
-                allocated: total(i128::from(small.added) + i128::from(large.added)),
+                allocated: total(small.added as i128 + large.added as i128),
                 freed: total(small.freed() + large.freed()),
             },
             small_pool: small.stat(),
@@ -296,7 +296,7 @@ impl Pending {
             Stat {
                 current: a.current() + self.current[i],
                 peak: a.level.peak.max(self.peak[i]),
-                allocated: total(i128::from(a.added)),
+                allocated: total(a.added as i128),
                 freed: total(freed(i)),
             }
         };
@@ -305,7 +305,7 @@ impl Pending {
             all: Stat {
                 current: self.active(allocated),
                 peak: allocated.all.peak.max(self.peak[2]),
-                allocated: total(i128::from(small.added) + i128::from(large.added)),
+                allocated: total(small.added as i128 + large.added as i128),
                 freed: total(freed(0) + freed(1)),
             },
             small_pool: pool(0),
@@ -566,7 +566,7 @@ mod tests {
         c.increase(PoolKind::Large, 10);
         c.decrease(PoolKind::Large, 4);
         // Close to the top: the "all" sum passes i64::MAX first, then the pool's own.
-        c.pools[1].added = i64::MAX as u64 - 3;
+        c.pools[1].added = i64::MAX as u128 - 3;
         c.increase(PoolKind::Small, 5);
         let r = c.report();
         assert_eq!(
@@ -587,14 +587,21 @@ mod tests {
                 freed: 0
             }
         );
-        // Past u64::MAX increases: the freed total derived from the stopped sum is i64::MAX,
-        // as the true one would be.
-        c.pools[1].added = u64::MAX - 1;
+        // Past u64::MAX increases the sum goes on: freed is reported as i64::MAX, and the
+        // derivation stays exact (a reset of the totals shows it).
+        c.pools[1].added = u128::from(u64::MAX) - 1;
         c.increase(PoolKind::Large, 50);
         c.decrease(PoolKind::Large, 56);
         let r = c.report();
         assert_eq!(r.large_pool.freed, i64::MAX);
         assert_eq!(r.all.freed, i64::MAX);
         assert_eq!(r.large_pool.current, 0);
+        assert_eq!(c.pools[1].added, u128::from(u64::MAX) + 49);
+        assert_eq!(c.pools[1].freed(), i128::from(u64::MAX) + 49);
+        c.reset_accumulated();
+        c.increase(PoolKind::Large, 7);
+        c.decrease(PoolKind::Large, 3);
+        let r = c.report();
+        assert_eq!((r.large_pool.allocated, r.large_pool.freed), (7, 3));
     }
 }
