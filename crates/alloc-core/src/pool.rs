@@ -36,15 +36,22 @@ impl<S> Default for BlockPool<S> {
 impl<S: Ord + Copy> BlockPool<S> {
     #[inline]
     fn stream(&self, stream: S) -> Option<&SizeClasses> {
-        self.streams
-            .iter()
-            .find(|(s, _)| *s == stream)
-            .map(|(_, m)| m)
+        self.index_of(stream).map(|i| &self.streams[i].1)
+    }
+
+    /// Where `stream`'s classes are, if it has any: the first stream (most programs use one) is
+    /// tried before the search.
+    #[inline(always)]
+    fn index_of(&self, stream: S) -> Option<usize> {
+        match self.streams.first() {
+            Some((s, _)) if *s == stream => Some(0),
+            _ => self.streams.iter().position(|(s, _)| *s == stream),
+        }
     }
 
     #[inline(always)]
     fn stream_mut(&mut self, stream: S) -> &mut SizeClasses {
-        let i = match self.streams.iter().position(|(s, _)| *s == stream) {
+        let i = match self.index_of(stream) {
             Some(i) => i,
             None => self.add_stream(stream),
         };
@@ -72,10 +79,8 @@ impl<S: Ord + Copy> BlockPool<S> {
     pub(crate) fn remove(&mut self, blocks: &Blocks<S>, id: BlockId) -> bool {
         let b = &blocks[id];
         let k = key(b.size, b.addr);
-        self.streams
-            .iter_mut()
-            .find(|(s, _)| *s == b.stream)
-            .is_some_and(|(_, m)| m.remove(k))
+        self.index_of(b.stream)
+            .is_some_and(|i| self.streams[i].1.remove(k))
     }
 
     /// Takes the smallest free block on `stream` at least `size` bytes large out of the pool
@@ -87,11 +92,8 @@ impl<S: Ord + Copy> BlockPool<S> {
         size: u64,
         accept: impl FnOnce(u64) -> bool,
     ) -> Option<BlockId> {
-        let blocks = self
-            .streams
-            .iter_mut()
-            .find(|(s, _)| *s == stream)
-            .map(|(_, m)| m)?;
+        let i = self.index_of(stream)?;
+        let blocks = &mut self.streams[i].1;
         let (c, found) = blocks.find_from(key(size, 0))?;
         if !accept(size_of(found.key)) {
             return None;
