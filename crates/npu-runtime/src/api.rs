@@ -78,9 +78,10 @@ impl<D: Device> Runtime<D> {
 
     /// Device `device`'s slot, or why the index is wrong.
     fn slot(&self, device: u32) -> Result<&Slot<D>, D::Error> {
+        // `ok_or_else`: an error built eagerly is dropped on every success, through a call.
         self.devices
             .get(device as usize)
-            .ok_or(RuntimeError::InvalidDevice {
+            .ok_or_else(|| RuntimeError::InvalidDevice {
                 device,
                 count: self.device_count(),
             })
@@ -239,18 +240,22 @@ where
             Entry::Caching(a) => a.malloc(size, stream, self.routed_pool(device)),
             Entry::Uncached(u) => u.malloc(size),
         };
-        match result {
-            Ok(0) => Ok(0),
-            Ok(addr) => {
-                self.devices[device as usize].span.note(addr);
-                Ok(addr)
-            }
-            Err(RuntimeError::Alloc(AllocError::OutOfMemory(oom))) => {
-                self.notify_observers(&oom);
-                Err(AllocError::OutOfMemory(oom).into())
-            }
-            Err(e) => Err(e),
+        // The error moves whole into a function of its own: matching the out-of-memory report
+        // out of it here left a partly moved result whose drop ran on every malloc.
+        let addr = result.map_err(|e| self.malloc_failed(e))?;
+        if addr != 0 {
+            self.devices[device as usize].span.note(addr);
         }
+        Ok(addr)
+    }
+
+    /// A failed malloc: out of memory calls the observers first.
+    #[cold]
+    fn malloc_failed(&self, e: RuntimeError<D::Error>) -> RuntimeError<D::Error> {
+        if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &e {
+            self.notify_observers(oom);
+        }
+        e
     }
 
     /// `free(addr)`: returns an allocation (0 is a no-op). An address no device knows is
@@ -285,7 +290,7 @@ where
     /// creation lock. The second pass catches an owner whose span or opening this thread had
     /// not seen yet (a pointer handed over with only relaxed atomics carries no ordering), and
     /// gives an interior or stale pointer the owning allocator's precise error.
-    #[inline]
+    #[inline(always)]
     fn route(
         &self,
         addr: u64,
