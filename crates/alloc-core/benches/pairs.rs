@@ -26,36 +26,13 @@ use alloc_core::{AllocConf, Allocator, DeviceFacts};
 use alloc_sim::{SimDevice, SimStream};
 use alloc_trace::workload::{
     BestFit, cached_allocator, fenced_allocator, fenced_free_blocks, fenced_offset_allocator,
-    hit_size, offset_units,
+    hit_pair, hit_size, offset_units,
 };
 use criterion::{Criterion, criterion_group, criterion_main};
-use testkit::Paired;
+use testkit::paired::bench as paired;
 
 /// Cached-block counts of the hit benchmarks.
 const BLOCKS: [usize; 4] = [16, 256, 4096, 65536];
-
-/// Call `i` of a hit benchmark: malloc + free of the `i`-th hit size.
-fn core_pair(alloc: &mut Allocator<SimDevice>, i: u64) {
-    let p = alloc
-        .malloc(black_box(hit_size(i as usize)), SimStream(0))
-        .unwrap();
-    alloc.free(black_box(p)).unwrap();
-}
-
-/// Runs `a` against `b` as the paired criterion benchmark `id` and saves the ratio.
-fn paired(
-    c: &mut Criterion,
-    id: &str,
-    baseline: &str,
-    mut a: impl FnMut(u64),
-    mut b: impl FnMut(u64),
-) {
-    let mut pair = Paired::new(id, baseline);
-    c.bench_function(id, |bench| {
-        bench.iter_custom(|iters| pair.run(iters, &mut a, &mut b))
-    });
-    pair.save().expect("writing the paired result");
-}
 
 fn hits(c: &mut Criterion) {
     let (mut core16, _live16) = cached_allocator(16);
@@ -66,7 +43,7 @@ fn hits(c: &mut Criterion) {
             c,
             &format!("core_hit/{n}"),
             &format!("bestfit_hit/{n}"),
-            |i| core_pair(&mut alloc, i),
+            |i| hit_pair(&mut alloc, i),
             |i| {
                 let p = map.malloc(black_box(hit_size(i as usize))).unwrap();
                 map.free(black_box(p));
@@ -77,8 +54,8 @@ fn hits(c: &mut Criterion) {
                 c,
                 &format!("core_hit_scaling/{n}"),
                 "core_hit/16",
-                |i| core_pair(&mut alloc, i),
-                |i| core_pair(&mut core16, i),
+                |i| hit_pair(&mut alloc, i),
+                |i| hit_pair(&mut core16, i),
             );
         }
         // offset-allocator counts in u32 units: 4 KiB units keep 2N blocks of up to 64 MiB in range.
@@ -116,7 +93,7 @@ fn fenced(c: &mut Criterion) {
             c,
             &format!("core_hit_fenced/{n}"),
             &format!("offset_allocator_fenced/{n}"),
-            |i| core_pair(&mut alloc, i),
+            |i| hit_pair(&mut alloc, i),
             |i| {
                 let a = oa
                     .allocate(black_box(offset_units(hit_size(i as usize))))
@@ -129,8 +106,8 @@ fn fenced(c: &mut Criterion) {
                 c,
                 &format!("core_hit_fenced_scaling/{n}"),
                 "core_hit_fenced/256",
-                |i| core_pair(&mut alloc, i),
-                |i| core_pair(&mut core256, i),
+                |i| hit_pair(&mut alloc, i),
+                |i| hit_pair(&mut core256, i),
             );
         }
     }

@@ -9,9 +9,8 @@
 
 use std::hint::black_box;
 
-use alloc_sim::SimStream;
 use alloc_trace::workload::{
-    cached_allocator, fenced_allocator, fenced_offset_allocator, hit_size, offset_units,
+    cached_allocator, fenced_allocator, fenced_offset_allocator, hit_pair, hit_size, offset_units,
 };
 
 fn main() {
@@ -36,10 +35,7 @@ fn main() {
         cached_allocator(blocks)
     };
     for i in 0..pairs {
-        let p = alloc
-            .malloc(black_box(hit_size(i as usize)), SimStream(0))
-            .expect("a cache hit");
-        alloc.free(black_box(p)).expect("just allocated");
+        hit_pair(&mut alloc, i);
     }
     black_box(alloc.stats().allocation.all.current);
 }

@@ -32,6 +32,16 @@ pub fn hit_size(i: usize) -> u64 {
     HIT_SIZES[i % HIT_SIZES.len()]
 }
 
+/// Call `i` of a hit benchmark: malloc + free of the `i`-th hit size on stream 0, each size
+/// hidden from the optimizer. Panics if the malloc fails (the set-ups cache every hit size).
+#[inline]
+pub fn hit_pair(alloc: &mut Allocator<SimDevice>, i: u64) {
+    let p = alloc
+        .malloc(std::hint::black_box(hit_size(i as usize)), SimStream(0))
+        .expect("a cache hit");
+    alloc.free(std::hint::black_box(p)).expect("just allocated");
+}
+
 /// An allocator (CUDA parity, no pad) after `cached` rounds of: allocate two blocks of
 /// `hit_size(j)`, keep the first, free the second. Returns the allocator and the live addresses.
 ///

@@ -16,10 +16,10 @@ use std::hint::black_box;
 
 use alloc_core::DeviceFacts;
 use alloc_sim::{SimDevice, SimStream};
-use alloc_trace::workload::{cached_allocator, hit_size};
+use alloc_trace::workload::{cached_allocator, hit_pair, hit_size};
 use criterion::{Criterion, criterion_group, criterion_main};
 use npu_runtime::{Config, Runtime};
-use testkit::Paired;
+use testkit::paired::bench as paired;
 
 const S0: SimStream = SimStream(0);
 
@@ -38,50 +38,35 @@ fn runtime_hit(c: &mut Criterion) {
         let hole = rt.malloc(hit_size(j), 0, S0).unwrap();
         rt.free(hole).unwrap();
     }
-    let mut pair = Paired::new("runtime_hit", "core_hit/16");
-    c.bench_function("runtime_hit", |b| {
-        b.iter_custom(|iters| {
-            pair.run(
-                iters,
-                |i| {
-                    let p = rt.malloc(black_box(hit_size(i as usize)), 0, S0).unwrap();
-                    rt.free(black_box(p)).unwrap();
-                },
-                |i| {
-                    let p = core.malloc(black_box(hit_size(i as usize)), S0).unwrap();
-                    core.free(black_box(p)).unwrap();
-                },
-            )
-        })
-    });
-    pair.save().expect("writing the paired result");
+    paired(
+        c,
+        "runtime_hit",
+        "core_hit/16",
+        |i| {
+            let p = rt.malloc(black_box(hit_size(i as usize)), 0, S0).unwrap();
+            rt.free(black_box(p)).unwrap();
+        },
+        |i| hit_pair(&mut core, i),
+    );
 
     let (mut floor_core, _live) = cached_allocator(16);
     let (mut bare_core, _live) = cached_allocator(16);
     let lock = std::sync::Mutex::new(0u64);
-    let mut floor = Paired::new("runtime_lock_floor", "core_hit/16");
-    c.bench_function("runtime_lock_floor", |b| {
-        b.iter_custom(|iters| {
-            floor.run(
-                iters,
-                |i| {
-                    *black_box(&lock).lock().unwrap() += 1;
-                    let p = floor_core
-                        .malloc(black_box(hit_size(i as usize)), S0)
-                        .unwrap();
-                    *black_box(&lock).lock().unwrap() += 1;
-                    floor_core.free(black_box(p)).unwrap();
-                },
-                |i| {
-                    let p = bare_core
-                        .malloc(black_box(hit_size(i as usize)), S0)
-                        .unwrap();
-                    bare_core.free(black_box(p)).unwrap();
-                },
-            )
-        })
-    });
-    floor.save().expect("writing the paired result");
+    paired(
+        c,
+        "runtime_lock_floor",
+        "core_hit/16",
+        |i| {
+            // Each side of the pair takes the lock once, as the runtime's malloc and free do.
+            *black_box(&lock).lock().unwrap() += 1;
+            let p = floor_core
+                .malloc(black_box(hit_size(i as usize)), S0)
+                .unwrap();
+            *black_box(&lock).lock().unwrap() += 1;
+            floor_core.free(black_box(p)).unwrap();
+        },
+        |i| hit_pair(&mut bare_core, i),
+    );
 }
 
 criterion_group!(benches, runtime_hit);

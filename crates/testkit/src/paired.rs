@@ -14,6 +14,23 @@ use std::time::{Duration, Instant};
 /// cost is noise, and short enough that A and B alternate many times per sample.
 const CHUNK: u64 = 256;
 
+/// Runs `a` against `b` as the paired criterion benchmark `id` (its baseline named `baseline`)
+/// and saves the result where `cargo xtask bench` reads it. Each closure gets a running call
+/// index.
+pub fn bench(
+    c: &mut criterion::Criterion,
+    id: &str,
+    baseline: &str,
+    mut a: impl FnMut(u64),
+    mut b: impl FnMut(u64),
+) {
+    let mut pair = Paired::new(id, baseline);
+    c.bench_function(id, |bench| {
+        bench.iter_custom(|iters| pair.run(iters, &mut a, &mut b))
+    });
+    pair.save().expect("writing the paired result");
+}
+
 /// The file under `$CRITERION_HOME/paired/` that holds a paired benchmark's result.
 pub fn result_path(home: &std::path::Path, id: &str) -> PathBuf {
     home.join("paired")
