@@ -9,18 +9,19 @@
 //! - current = peak − headroom;
 //! - freed = (current at the last accumulated reset) + allocated − current, since every change
 //!   since that reset is an increase or a decrease;
-//! - "all" allocated and freed are the sums of the pools';
-//! - "all" keeps a peak and a headroom of its own (a peak of a sum is not the sum of peaks),
-//!   moved with each pool's, so "all" current is its peak − its headroom.
+//! - "all" current, allocated and freed are the sums of the pools';
+//! - "all" keeps a peak of its own (a peak of a sum is not the sum of peaks), and the slack
+//!   between it and the pools' peaks, which only a new peak moves: a change writes nothing of
+//!   "all" (see [`PoolCounters`]).
 //!
 //! `active` and `active_bytes` are not kept at all: a block is active while it is allocated or
 //! while its free waits on stream events, so they are `allocation` and `allocated_bytes` plus
 //! the [`Pending`] frees. A cache hit moves neither of them; see [`Pending`] for their peaks.
 //!
 //! Reported totals stop at `i64::MAX`, as [`Stat`] documents. A pool's total of increases is
-//! kept in 128 bits, which no run can fill (every change is below 2^63), so the derivation is
-//! exact at any size; it is also cheaper than a 64-bit sum that stops at its top (an add and an
-//! add-with-carry, no compare and select).
+//! kept as 64 bits and a count of their wraps, a 128-bit sum no run can fill (every change is
+//! below 2^63), so the derivation is exact at any size; an increase adds to it with one add
+//! and a branch not taken.
 
 use crate::size::PoolKind;
 use crate::stats::{DeviceStats, Stat, StatArray};
@@ -53,13 +54,18 @@ struct Level {
 
 impl Level {
     /// Adds `n` (negative: removes), moving the peak up if the value passes it: once a
-    /// workload has reached its peak, a subtraction and a sign test.
+    /// workload has reached its peak, a subtraction and a sign test. Returns how far the peak
+    /// rose (0 but for a new peak).
     #[inline(always)]
-    fn rise(&mut self, n: i64) {
+    fn rise(&mut self, n: i64) -> i64 {
         self.headroom = self.headroom.wrapping_sub(n);
         if self.headroom < 0 {
-            self.peak = self.peak.wrapping_sub(self.headroom);
+            let raised = self.headroom.wrapping_neg();
+            self.peak = self.peak.wrapping_add(raised);
             self.headroom = 0;
+            raised
+        } else {
+            0
         }
     }
 
@@ -84,8 +90,11 @@ impl Level {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Counter {
     level: Level,
-    /// Sum of increases since the accumulated reset.
-    added: u128,
+    /// Sum of increases since the accumulated reset, modulo 2^64 ...
+    added: u64,
+    /// ... and how many times it wrapped: with `added`, a 128-bit sum no run can fill, kept
+    /// as two words so that an increase is one add and a branch not taken.
+    wraps: u64,
     /// The value at the accumulated reset.
     base: i64,
 }
@@ -93,10 +102,10 @@ pub(crate) struct Counter {
 impl Counter {
     /// torch's `increase_stat`.
     #[inline]
-    pub(crate) fn increase(&mut self, n: u64) {
+    pub(crate) fn increase(&mut self, n: u64) -> i64 {
         let n = signed(n);
-        self.level.rise(n);
-        self.added += n as u128;
+        self.add_total(n as u64);
+        self.level.rise(n)
     }
 
     /// torch's `decrease_stat`.
@@ -108,9 +117,24 @@ impl Counter {
     /// A signed net change as one increase or one decrease, as torch applies it; without
     /// branches on its sign (the sign of a merge's net change is data-dependent).
     #[inline]
-    pub(crate) fn apply(&mut self, delta: i64) {
-        self.level.rise(delta);
-        self.added += delta.max(0) as u128;
+    pub(crate) fn apply(&mut self, delta: i64) -> i64 {
+        self.add_total(delta.max(0) as u64);
+        self.level.rise(delta)
+    }
+
+    /// Adds `n` to the total of increases.
+    #[inline(always)]
+    fn add_total(&mut self, n: u64) {
+        let (sum, wrapped) = self.added.overflowing_add(n);
+        self.added = sum;
+        if wrapped {
+            self.wraps += 1;
+        }
+    }
+
+    /// The total of increases since the accumulated reset.
+    fn total_added(&self) -> u128 {
+        (u128::from(self.wraps) << 64) | u128::from(self.added)
     }
 
     /// The value now.
@@ -121,7 +145,7 @@ impl Counter {
 
     /// Exact total of decreases since the accumulated reset.
     fn freed(&self) -> i128 {
-        i128::from(self.base) + self.added as i128 - i128::from(self.current())
+        i128::from(self.base) + self.total_added() as i128 - i128::from(self.current())
     }
 
     /// The reported statistic.
@@ -129,7 +153,7 @@ impl Counter {
         Stat {
             current: self.current(),
             peak: self.level.peak,
-            allocated: total(self.added as i128),
+            allocated: total(self.total_added() as i128),
             freed: total(self.freed()),
         }
     }
@@ -140,17 +164,26 @@ impl Counter {
 
     fn reset_accumulated(&mut self) {
         self.added = 0;
+        self.wraps = 0;
         self.base = self.current();
     }
 }
 
 /// One statistic kept per pool, reported for "all" and each pool: torch's `StatArray`.
+///
+/// "All" is the sum of the pools, with a peak of its own (a peak of a sum is not the sum of
+/// peaks). Its headroom is `all_peak − small − large`, which is `slack` plus the two pools'
+/// headrooms, where `slack = all_peak − small peak − large peak` moves only with a new peak.
+/// So a change writes nothing of "all": an increase reads the other pool's headroom and the
+/// slack to see whether "all" passed its peak, and a decrease does nothing more.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolCounters {
     /// Indexed by [`pool_index`].
     pools: [Counter; 2],
-    /// "All": the sum of the pools' values and its own peak.
-    all: Level,
+    /// The peak of "all".
+    all_peak: i64,
+    /// `all_peak` less the pools' peaks (at most 0).
+    slack: i64,
 }
 
 /// The slot of `pool` in [`PoolCounters`].
@@ -166,28 +199,46 @@ impl PoolCounters {
     /// Increases `pool` (and so "all") by `n`.
     #[inline]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
-        self.pools[pool_index(pool)].increase(n);
-        self.all.rise(signed(n));
+        let raised = self.pools[pool_index(pool)].increase(n);
+        self.rise_all(raised);
     }
 
     /// Decreases `pool` (and so "all") by `n`.
     #[inline]
     pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
         self.pools[pool_index(pool)].decrease(n);
-        self.all.fall(signed(n));
     }
 
     /// Applies a net change to `pool` (and so "all").
     #[inline]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
-        self.pools[pool_index(pool)].apply(delta);
-        self.all.rise(delta);
+        let raised = self.pools[pool_index(pool)].apply(delta);
+        self.rise_all(raised);
+    }
+
+    /// After a pool's value rose and its peak by `raised`: moves the peak of "all" if the sum
+    /// passed it.
+    #[inline(always)]
+    fn rise_all(&mut self, raised: i64) {
+        if raised != 0 {
+            self.slack = self.slack.wrapping_sub(raised);
+        }
+        let [small, large] = &self.pools;
+        let headroom = self
+            .slack
+            .wrapping_add(small.level.headroom)
+            .wrapping_add(large.level.headroom);
+        if headroom < 0 {
+            self.all_peak = self.all_peak.wrapping_sub(headroom);
+            self.slack = self.slack.wrapping_sub(headroom);
+        }
     }
 
     /// The current value for all pools together.
     #[inline]
     pub(crate) fn all_current(&self) -> i64 {
-        self.all.current()
+        let [small, large] = &self.pools;
+        small.current().wrapping_add(large.current())
     }
 
     /// torch's `StatArray` for this statistic.
@@ -196,8 +247,8 @@ impl PoolCounters {
         StatArray {
             all: Stat {
                 current: self.all_current(),
-                peak: self.all.peak,
-                allocated: total(small.added as i128 + large.added as i128),
+                peak: self.all_peak,
+                allocated: total(small.total_added() as i128 + large.total_added() as i128),
                 freed: total(small.freed() + large.freed()),
             },
             small_pool: small.stat(),
@@ -207,7 +258,8 @@ impl PoolCounters {
 
     fn reset_peak(&mut self) {
         self.pools.iter_mut().for_each(Counter::reset_peak);
-        self.all.reset_peak();
+        self.all_peak = self.all_current();
+        self.slack = 0;
     }
 
     fn reset_accumulated(&mut self) {
@@ -296,7 +348,7 @@ impl Pending {
             Stat {
                 current: a.current() + self.current[i],
                 peak: a.level.peak.max(self.peak[i]),
-                allocated: total(a.added as i128),
+                allocated: total(a.total_added() as i128),
                 freed: total(freed(i)),
             }
         };
@@ -304,8 +356,8 @@ impl Pending {
         StatArray {
             all: Stat {
                 current: self.active(allocated),
-                peak: allocated.all.peak.max(self.peak[2]),
-                allocated: total(small.added as i128 + large.added as i128),
+                peak: allocated.all_peak.max(self.peak[2]),
+                allocated: total(small.total_added() as i128 + large.total_added() as i128),
                 freed: total(freed(0) + freed(1)),
             },
             small_pool: pool(0),
@@ -566,7 +618,7 @@ mod tests {
         c.increase(PoolKind::Large, 10);
         c.decrease(PoolKind::Large, 4);
         // Close to the top: the "all" sum passes i64::MAX first, then the pool's own.
-        c.pools[1].added = i64::MAX as u128 - 3;
+        c.pools[1].added = i64::MAX as u64 - 3;
         c.increase(PoolKind::Small, 5);
         let r = c.report();
         assert_eq!(
@@ -589,14 +641,15 @@ mod tests {
         );
         // Past u64::MAX increases the sum goes on: freed is reported as i64::MAX, and the
         // derivation stays exact (a reset of the totals shows it).
-        c.pools[1].added = u128::from(u64::MAX) - 1;
+        c.pools[1].added = u64::MAX - 1;
         c.increase(PoolKind::Large, 50);
         c.decrease(PoolKind::Large, 56);
         let r = c.report();
         assert_eq!(r.large_pool.freed, i64::MAX);
         assert_eq!(r.all.freed, i64::MAX);
         assert_eq!(r.large_pool.current, 0);
-        assert_eq!(c.pools[1].added, u128::from(u64::MAX) + 49);
+        assert_eq!((c.pools[1].wraps, c.pools[1].added), (1, 48));
+        assert_eq!(c.pools[1].total_added(), u128::from(u64::MAX) + 49);
         assert_eq!(c.pools[1].freed(), i128::from(u64::MAX) + 49);
         c.reset_accumulated();
         c.increase(PoolKind::Large, 7);
