@@ -14,8 +14,13 @@ use crate::size_class::{SizeClasses, key, size_of};
 /// The free blocks of one pool and its lookup counter (the clock of GC ages).
 #[derive(Debug)]
 pub(crate) struct BlockPool<S> {
-    /// Per stream, sorted by stream.
-    streams: Vec<(S, SizeClasses)>,
+    /// The first stream to put a block here, with its classes held inline: most programs use
+    /// one stream, and then finding its classes reads no list (one dependent load fewer on
+    /// every lookup and insert).
+    first: Option<S>,
+    first_classes: SizeClasses,
+    /// The other streams, sorted by stream; empty while `first` is `None`.
+    others: Vec<(S, SizeClasses)>,
     /// Number of `get_free_block` lookups while GC is enabled: torch's `get_free_blocks_call_count`.
     pub(crate) lookups: u64,
     /// Unmapped blocks of expandable segments by (stream, address): torch's `pool.unmapped`,
@@ -26,7 +31,9 @@ pub(crate) struct BlockPool<S> {
 impl<S> Default for BlockPool<S> {
     fn default() -> Self {
         BlockPool {
-            streams: Vec::new(),
+            first: None,
+            first_classes: SizeClasses::default(),
+            others: Vec::new(),
             lookups: 0,
             unmapped: BTreeMap::new(),
         }
@@ -34,36 +41,57 @@ impl<S> Default for BlockPool<S> {
 }
 
 impl<S: Ord + Copy> BlockPool<S> {
-    #[inline]
+    /// `stream`'s classes, if it has any.
+    #[inline(always)]
     fn stream(&self, stream: S) -> Option<&SizeClasses> {
-        self.index_of(stream).map(|i| &self.streams[i].1)
-    }
-
-    /// Where `stream`'s classes are, if it has any: the first stream (most programs use one) is
-    /// tried before the search.
-    #[inline(always)]
-    fn index_of(&self, stream: S) -> Option<usize> {
-        match self.streams.first() {
-            Some((s, _)) if *s == stream => Some(0),
-            _ => self.streams.iter().position(|(s, _)| *s == stream),
+        if self.first == Some(stream) {
+            return Some(&self.first_classes);
         }
+        self.others
+            .iter()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, m)| m)
     }
 
+    /// [`BlockPool::stream`], for changing them.
     #[inline(always)]
-    fn stream_mut(&mut self, stream: S) -> &mut SizeClasses {
-        let i = match self.index_of(stream) {
-            Some(i) => i,
-            None => self.add_stream(stream),
-        };
-        &mut self.streams[i].1
+    fn stream_mut(&mut self, stream: S) -> Option<&mut SizeClasses> {
+        if self.first == Some(stream) {
+            return Some(&mut self.first_classes);
+        }
+        self.others
+            .iter_mut()
+            .find(|(s, _)| *s == stream)
+            .map(|(_, m)| m)
     }
 
-    /// Adds `stream`'s (empty) classes in stream order; returns their index.
+    /// `stream`'s classes, added (empty) if it has none.
+    #[inline(always)]
+    fn stream_or_add(&mut self, stream: S) -> &mut SizeClasses {
+        if self.first == Some(stream) {
+            return &mut self.first_classes;
+        }
+        let i = match self.others.iter().position(|(s, _)| *s == stream) {
+            Some(i) => i,
+            None => match self.add_stream(stream) {
+                Some(i) => i,
+                None => return &mut self.first_classes,
+            },
+        };
+        &mut self.others[i].1
+    }
+
+    /// Adds `stream`: as the first if there is none yet (`None`), else to the others in stream
+    /// order (its index there).
     #[inline(never)]
-    fn add_stream(&mut self, stream: S) -> usize {
-        let i = self.streams.partition_point(|(s, _)| *s < stream);
-        self.streams.insert(i, (stream, SizeClasses::default()));
-        i
+    fn add_stream(&mut self, stream: S) -> Option<usize> {
+        if self.first.is_none() {
+            self.first = Some(stream);
+            return None;
+        }
+        let i = self.others.partition_point(|(s, _)| *s < stream);
+        self.others.insert(i, (stream, SizeClasses::default()));
+        Some(i)
     }
 
     /// Puts free block `id` (its record `block`) into the pool and starts its GC age.
@@ -71,7 +99,7 @@ impl<S: Ord + Copy> BlockPool<S> {
     pub(crate) fn insert(&mut self, block: &mut Block<S>, id: BlockId) {
         block.gc_base = self.lookups;
         let (stream, k) = (block.stream, key(block.size, block.addr));
-        self.stream_mut(stream).insert(k, id);
+        self.stream_or_add(stream).insert(k, id);
     }
 
     /// Takes a block out of the pool; returns whether it was there.
@@ -79,8 +107,7 @@ impl<S: Ord + Copy> BlockPool<S> {
     pub(crate) fn remove(&mut self, blocks: &Blocks<S>, id: BlockId) -> bool {
         let b = &blocks[id];
         let k = key(b.size, b.addr);
-        self.index_of(b.stream)
-            .is_some_and(|i| self.streams[i].1.remove(k))
+        self.stream_mut(b.stream).is_some_and(|m| m.remove(k))
     }
 
     /// Takes the smallest free block on `stream` at least `size` bytes large out of the pool
@@ -92,8 +119,7 @@ impl<S: Ord + Copy> BlockPool<S> {
         size: u64,
         accept: impl FnOnce(u64) -> bool,
     ) -> Option<BlockId> {
-        let i = self.index_of(stream)?;
-        let blocks = &mut self.streams[i].1;
+        let blocks = self.stream_mut(stream)?;
         let (c, found) = blocks.find_from(key(size, 0))?;
         if !accept(size_of(found.key)) {
             return None;
@@ -135,12 +161,86 @@ impl<S: Ord + Copy> BlockPool<S> {
 
     /// Every free block in torch's pool order: (stream, size, address).
     pub(crate) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.streams.iter().flat_map(|(_, m)| m.values())
+        // The others sorted below the first, the first, then the others above it.
+        let cut = self.others.partition_point(|(s, _)| Some(*s) < self.first);
+        let (below, above) = self.others.split_at(cut);
+        let first = self.first.map(|_| &self.first_classes);
+        below
+            .iter()
+            .map(|(_, m)| m)
+            .chain(first)
+            .chain(above.iter().map(|(_, m)| m))
+            .flat_map(SizeClasses::values)
     }
 
     /// GC age of a free block: lookups on this pool since it entered the pool.
     #[inline]
     pub(crate) fn age(&self, blocks: &Blocks<S>, id: BlockId) -> u64 {
         self.lookups - blocks[id].gc_base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec::Vec;
+
+    use super::*;
+    use crate::size::PoolKind;
+
+    /// Puts a free block of `size` bytes at `addr` on `stream` into `pool`.
+    fn put(pool: &mut BlockPool<u32>, blocks: &mut Blocks<u32>, stream: u32, addr: u64, size: u64) {
+        let id = blocks.insert(Block::segment(addr, size, stream, PoolKind::Large, 0));
+        pool.insert(&mut blocks[id], id);
+    }
+
+    #[test]
+    fn streams_keep_torch_order_whichever_came_first() {
+        // The first stream's classes are held apart from the others; the pool's order is still
+        // torch's (stream, size, address).
+        let (mut pool, mut blocks) = (BlockPool::default(), Blocks::default());
+        put(&mut pool, &mut blocks, 5, 0x9000, 4096);
+        put(&mut pool, &mut blocks, 9, 0x1000, 2048);
+        put(&mut pool, &mut blocks, 2, 0x5000, 8192);
+        put(&mut pool, &mut blocks, 5, 0x3000, 4096);
+        put(&mut pool, &mut blocks, 2, 0x7000, 1024);
+        let order: Vec<(u32, u64, u64)> = pool
+            .iter()
+            .map(|id| (blocks[id].stream, blocks[id].size, blocks[id].addr))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (2, 1024, 0x7000),
+                (2, 8192, 0x5000),
+                (5, 4096, 0x3000),
+                (5, 4096, 0x9000),
+                (9, 2048, 0x1000),
+            ]
+        );
+        // Best fit stays on the request's stream, for the first stream and the others.
+        assert_eq!(
+            pool.take_best_fit(9, 1024, |_| true)
+                .map(|id| blocks[id].addr),
+            Some(0x1000)
+        );
+        assert_eq!(
+            pool.take_best_fit(5, 4096, |_| true)
+                .map(|id| blocks[id].addr),
+            Some(0x3000)
+        );
+        assert_eq!(
+            pool.take_best_fit(2, 2048, |_| true)
+                .map(|id| blocks[id].addr),
+            Some(0x5000)
+        );
+        assert_eq!(pool.take_best_fit(7, 512, |_| true), None);
+        let left: Vec<u64> = pool.iter().map(|id| blocks[id].addr).collect();
+        assert_eq!(left, [0x7000, 0x9000]);
+        // Removal finds a block of the first stream and of another.
+        let id = pool.iter().next().expect("two left");
+        assert!(pool.remove(&blocks, id));
+        assert!(!pool.remove(&blocks, id));
+        let left: Vec<u64> = pool.iter().map(|id| blocks[id].addr).collect();
+        assert_eq!(left, [0x9000]);
     }
 }
