@@ -110,7 +110,7 @@ impl<D: Device> Allocator<D> {
             return Ok(Lookup::Found(0));
         };
         Ok(match self.get_free_block(&req) {
-            Some((id, addr)) => Lookup::Found(self.alloc_found_block(id, addr, &req)),
+            Some(id) => Lookup::Found(self.alloc_found_block(id, &req)),
             None => Lookup::Miss(req),
         })
     }
@@ -154,9 +154,8 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
-    /// Returns the block and its address.
     #[inline]
-    pub(crate) fn get_free_block(&mut self, req: &Request<D::Stream>) -> Option<(BlockId, u64)> {
+    pub(crate) fn get_free_block(&mut self, req: &Request<D::Stream>) -> Option<BlockId> {
         let gc = self.gc_enabled();
         if self.live_expandable > 0 {
             return self.get_free_block_expandable(req, gc);
@@ -176,11 +175,7 @@ impl<D: Device> Allocator<D> {
     /// that much larger, so best fit walks on while the next block is smaller by that measure;
     /// with them off, blocks of expandable segments are passed over.
     #[inline(never)]
-    fn get_free_block_expandable(
-        &mut self,
-        req: &Request<D::Stream>,
-        gc: bool,
-    ) -> Option<(BlockId, u64)> {
+    fn get_free_block_expandable(&mut self, req: &Request<D::Stream>, gc: bool) -> Option<BlockId> {
         let pool = &mut self.pools[(req.set, req.pool)];
         if gc {
             pool.lookups += 1;
@@ -216,7 +211,7 @@ impl<D: Device> Allocator<D> {
             return None;
         }
         pool.remove(&self.blocks, found);
-        Some((found, blocks[found].addr))
+        Some(found)
     }
 }
 

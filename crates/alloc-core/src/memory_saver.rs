@@ -511,7 +511,7 @@ impl<D: Device> Allocator<D> {
                     },
                 );
                 let id = self.add_segment(addr, &req);
-                MallocStep::Done(Ok(self.alloc_found_block(id, addr, &req)))
+                MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
             }
             Err(VmmError::Other(e)) => MallocStep::Done(Err(AllocError::Device(e))),
             Err(VmmError::OutOfMemory | VmmError::Unsupported) => {

@@ -184,7 +184,7 @@ impl<D: Device> Allocator<D> {
             }
             Ok(addr) => {
                 let id = self.add_segment(addr, &req);
-                MallocStep::Done(Ok(self.alloc_found_block(id, addr, &req)))
+                MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
             }
             Err(DeviceError::Other(e)) if self.facts.flavour == Flavour::Cuda => {
                 MallocStep::Done(Err(AllocError::Device(e)))
@@ -217,10 +217,7 @@ impl<D: Device> Allocator<D> {
         if self.conf.expandable_segments {
             // Pages are mapped in place, under the caller's lock, as in torch_npu.
             match self.try_allocate_expandable_block(&req) {
-                Ok(Some(id)) => {
-                    let addr = self.blocks[id].addr;
-                    return MallocStep::Done(Ok(self.alloc_found_block(id, addr, &req)));
-                }
+                Ok(Some(id)) => return MallocStep::Done(Ok(self.alloc_found_block(id, &req))),
                 Ok(None) => return self.after_failed_segment(req, stage, None),
                 Err(VmmError::Other(e)) => return MallocStep::Done(Err(AllocError::Device(e))),
                 Err(VmmError::OutOfMemory) => return self.after_failed_segment(req, stage, None),

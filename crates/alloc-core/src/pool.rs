@@ -9,7 +9,7 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 use crate::block::{Block, BlockId, Blocks};
-use crate::size_class::{SizeClasses, address_of, key, size_of};
+use crate::size_class::{SizeClasses, key, size_of};
 
 /// The free blocks of one pool and its lookup counter (the clock of GC ages).
 #[derive(Debug)]
@@ -112,21 +112,20 @@ impl<S: Ord + Copy> BlockPool<S> {
 
     /// Takes the smallest free block on `stream` at least `size` bytes large out of the pool
     /// if `accept` agrees to its size; one search serves both the lookup and the removal.
-    /// Returns the block and its address (read from the pool's key, not the record).
     #[inline]
     pub(crate) fn take_best_fit(
         &mut self,
         stream: S,
         size: u64,
         accept: impl FnOnce(u64) -> bool,
-    ) -> Option<(BlockId, u64)> {
+    ) -> Option<BlockId> {
         let blocks = self.stream_mut(stream)?;
         let (c, found) = blocks.find_from(key(size, 0))?;
         if !accept(size_of(found.key)) {
             return None;
         }
         blocks.remove_found(c, found);
-        Some((found.id, address_of(found.key)))
+        Some(found.id)
     }
 
     /// Free blocks on `stream` of at least `size` bytes, smallest first.
@@ -221,18 +220,18 @@ mod tests {
         // Best fit stays on the request's stream, for the first stream and the others.
         assert_eq!(
             pool.take_best_fit(9, 1024, |_| true)
-                .map(|(id, addr)| (blocks[id].addr, addr)),
-            Some((0x1000, 0x1000))
+                .map(|id| blocks[id].addr),
+            Some(0x1000)
         );
         assert_eq!(
             pool.take_best_fit(5, 4096, |_| true)
-                .map(|(id, addr)| (blocks[id].addr, addr)),
-            Some((0x3000, 0x3000))
+                .map(|id| blocks[id].addr),
+            Some(0x3000)
         );
         assert_eq!(
             pool.take_best_fit(2, 2048, |_| true)
-                .map(|(id, addr)| (blocks[id].addr, addr)),
-            Some((0x5000, 0x5000))
+                .map(|id| blocks[id].addr),
+            Some(0x5000)
         );
         assert_eq!(pool.take_best_fit(7, 512, |_| true), None);
         let left: Vec<u64> = pool.iter().map(|id| blocks[id].addr).collect();

@@ -21,12 +21,6 @@ pub(crate) fn size_of(key: u128) -> u64 {
     (key >> 64) as u64
 }
 
-/// The address of a [`key`].
-#[inline]
-pub(crate) fn address_of(key: u128) -> u64 {
-    key as u64
-}
-
 /// Number of size classes: 8 below 4 KiB, then 8 per power of two up to 2^64 bytes.
 const CLASSES: usize = 8 + 52 * 8;
 const WORDS: usize = CLASSES.div_ceil(64);

@@ -31,28 +31,16 @@ pub fn should_split(
 }
 
 impl<D: Device> Allocator<D> {
-    /// Splits `id` (at `addr`) if torch would, marks the front allocated and updates the
-    /// stats. Returns the address handed out.
-    ///
-    /// The caller passes the address it already knows (from the pool's key, or the new
-    /// segment's): the result then does not wait on a read of the block, which on a cache hit
-    /// is the next link of a dependent-read chain that `free` continues.
+    /// Splits `id` if torch would, marks the front allocated and updates the stats.
     #[inline]
-    pub(crate) fn alloc_found_block(
-        &mut self,
-        id: BlockId,
-        addr: u64,
-        req: &Request<D::Stream>,
-    ) -> u64 {
-        debug_assert_eq!(self.blocks[id].addr, addr);
-        let (id, addr) = if self.conf.expandable_segments
+    pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request<D::Stream>) -> u64 {
+        let id = if self.conf.expandable_segments
             && req.size >= ROUND_LARGE
             && !(req.set != 0 && self.is_saver_set(req.set))
         {
-            let aligned = self.align_base(id, req.size);
-            (aligned, self.blocks[aligned].addr)
+            self.align_base(id, req.size)
         } else {
-            (id, addr)
+            id
         };
         let size = req.size;
         let pool = req.pool;
@@ -103,7 +91,7 @@ impl<D: Device> Allocator<D> {
         let block = &mut self.blocks[id];
         block.allocated = true;
         block.requested = req.requested;
-        let size = block.size;
+        let (addr, size) = (block.addr, block.size);
         if !block.indexed {
             block.indexed = true;
             self.by_addr.insert(addr, id);
