@@ -146,9 +146,7 @@ impl<D: Device> Allocator<D> {
             after_sync,
         } = pending;
         if !synchronized {
-            return MallocStep::Done(Err(AllocError::OutOfMemory(Box::new(
-                self.out_of_memory(&req),
-            ))));
+            return self.give_up(None, &req);
         }
         match after_sync {
             AfterSync::Gc => {
@@ -258,18 +256,10 @@ impl<D: Device> Allocator<D> {
                     },
                 };
             }
-            (_, HostQueue::NoRelease) => {
-                return MallocStep::Done(Err(match error {
-                    Some(e) => AllocError::Device(e),
-                    None => AllocError::OutOfMemory(Box::new(self.out_of_memory(&req))),
-                }));
-            }
+            (_, HostQueue::NoRelease) => return self.give_up(error, &req),
         }
         if stage == Stage::Retry {
-            return MallocStep::Done(Err(match error {
-                Some(e) => AllocError::Device(e),
-                None => AllocError::OutOfMemory(Box::new(self.out_of_memory(&req))),
-            }));
+            return self.give_up(error, &req);
         }
         self.release_and_retry(req, stage)
     }
@@ -321,8 +311,21 @@ impl<D: Device> Allocator<D> {
         id
     }
 
+    /// The end of a chain that found no memory: the device's error if its last call failed
+    /// otherwise, else out of memory.
+    fn give_up(
+        &mut self,
+        error: Option<D::Error>,
+        req: &Request<D::Stream>,
+    ) -> MallocStep<D::Error, D::Stream> {
+        MallocStep::Done(Err(match error {
+            Some(e) => AllocError::Device(e),
+            None => AllocError::OutOfMemory(Box::new(self.out_of_memory(req))),
+        }))
+    }
+
     /// Counts the OOM and builds the error with torch_npu's numbers.
-    pub(crate) fn out_of_memory(&mut self, req: &Request<D::Stream>) -> OutOfMemory {
+    fn out_of_memory(&mut self, req: &Request<D::Stream>) -> OutOfMemory {
         let info = self.device.mem_info().ok();
         self.stats.num_ooms += 1;
         if self.history.is_some() {
