@@ -16,9 +16,9 @@ use crate::size_class::{SizeClasses, key, size_of};
 pub(crate) struct BlockPool<S> {
     /// The first stream to put a block here, with its classes held inline: most programs use
     /// one stream, and then finding its classes reads no list (one dependent load fewer on
-    /// every lookup and insert).
-    first: Option<S>,
-    first_classes: SizeClasses,
+    /// every lookup and insert). Made on the first insert: a pool never used (a private pool's
+    /// small pool, say) holds no classes, which are about 20 KiB.
+    first: Option<(S, SizeClasses)>,
     /// The other streams, sorted by stream; empty while `first` is `None`.
     others: Vec<(S, SizeClasses)>,
     /// Number of `get_free_block` lookups while GC is enabled: torch's `get_free_blocks_call_count`.
@@ -32,7 +32,6 @@ impl<S> Default for BlockPool<S> {
     fn default() -> Self {
         BlockPool {
             first: None,
-            first_classes: SizeClasses::default(),
             others: Vec::new(),
             lookups: 0,
             unmapped: BTreeMap::new(),
@@ -44,8 +43,10 @@ impl<S: Ord + Copy> BlockPool<S> {
     /// `stream`'s classes, if it has any.
     #[inline(always)]
     fn stream(&self, stream: S) -> Option<&SizeClasses> {
-        if self.first == Some(stream) {
-            return Some(&self.first_classes);
+        if let Some((first, classes)) = &self.first
+            && *first == stream
+        {
+            return Some(classes);
         }
         self.others
             .iter()
@@ -56,8 +57,10 @@ impl<S: Ord + Copy> BlockPool<S> {
     /// [`BlockPool::stream`], for changing them.
     #[inline(always)]
     fn stream_mut(&mut self, stream: S) -> Option<&mut SizeClasses> {
-        if self.first == Some(stream) {
-            return Some(&mut self.first_classes);
+        if let Some((first, classes)) = &mut self.first
+            && *first == stream
+        {
+            return Some(classes);
         }
         self.others
             .iter_mut()
@@ -68,25 +71,29 @@ impl<S: Ord + Copy> BlockPool<S> {
     /// `stream`'s classes, added (empty) if it has none.
     #[inline(always)]
     fn stream_or_add(&mut self, stream: S) -> &mut SizeClasses {
-        if self.first == Some(stream) {
-            return &mut self.first_classes;
-        }
-        let i = match self.others.iter().position(|(s, _)| *s == stream) {
-            Some(i) => i,
-            None => match self.add_stream(stream) {
-                Some(i) => i,
-                None => return &mut self.first_classes,
-            },
+        // An index first and one borrow at the end: returning the first's classes from inside
+        // a test of them would keep `self` borrowed on the other paths.
+        let other = if matches!(&self.first, Some((first, _)) if *first == stream) {
+            None
+        } else {
+            match self.others.iter().position(|(s, _)| *s == stream) {
+                Some(i) => Some(i),
+                None => self.add_stream(stream),
+            }
         };
-        &mut self.others[i].1
+        match (other, &mut self.first) {
+            (Some(i), _) => &mut self.others[i].1,
+            (None, Some((_, classes))) => classes,
+            (None, None) => unreachable!("the first stream was just found or added"),
+        }
     }
 
     /// Adds `stream`: as the first if there is none yet (`None`), else to the others in stream
-    /// order (its index there).
+    /// order (its index there). Either way its classes are made now.
     #[inline(never)]
     fn add_stream(&mut self, stream: S) -> Option<usize> {
         if self.first.is_none() {
-            self.first = Some(stream);
+            self.first = Some((stream, SizeClasses::default()));
             return None;
         }
         let i = self.others.partition_point(|(s, _)| *s < stream);
@@ -162,9 +169,12 @@ impl<S: Ord + Copy> BlockPool<S> {
     /// Every free block in torch's pool order: (stream, size, address).
     pub(crate) fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
         // The others sorted below the first, the first, then the others above it.
-        let cut = self.others.partition_point(|(s, _)| Some(*s) < self.first);
+        let first_stream = self.first.as_ref().map(|(s, _)| *s);
+        let cut = self
+            .others
+            .partition_point(|(s, _)| Some(*s) < first_stream);
         let (below, above) = self.others.split_at(cut);
-        let first = self.first.map(|_| &self.first_classes);
+        let first = self.first.as_ref().map(|(_, m)| m);
         below
             .iter()
             .map(|(_, m)| m)

@@ -159,10 +159,30 @@ where
 
     /// Device `device` and its allocator, opened on first use.
     fn opened_or_open(&self, device: u32) -> Result<&(Shared<D>, Entry<D>), D::Error> {
-        let slot = self.slot(device)?;
-        if let Some(opened) = slot.entry.get() {
-            return Ok(opened);
+        self.open_slot(self.slot(device)?, device)
+    }
+
+    /// [`Runtime::opened_or_open`] on the slot of `device`, already found.
+    #[inline]
+    fn open_slot<'a>(
+        &'a self,
+        slot: &'a Slot<D>,
+        device: u32,
+    ) -> Result<&'a (Shared<D>, Entry<D>), D::Error> {
+        match slot.entry.get() {
+            Some(opened) => Ok(opened),
+            None => self.open(slot, device),
         }
+    }
+
+    /// Opens device `device` in its slot (or waits for the thread opening it).
+    #[cold]
+    #[inline(never)]
+    fn open<'a>(
+        &'a self,
+        slot: &'a Slot<D>,
+        device: u32,
+    ) -> Result<&'a (Shared<D>, Entry<D>), D::Error> {
         let opened: &(Shared<D>, Entry<D>) = slot.entry.get_or_try_init(|| {
             let (dev, facts) = (self.open)(device).map_err(RuntimeError::Device)?;
             let dev = Shared::new(dev);
@@ -235,7 +255,9 @@ where
     /// `malloc(size, device, stream)`: `size` bytes on `device` for use on `stream`; 0 for a
     /// zero-size request. Out of memory calls the observers, then returns the error.
     pub fn malloc(&self, size: u64, device: u32, stream: D::Stream) -> Result<u64, D::Error> {
-        let entry = self.entry(device)?;
+        // The slot is found once: its span is noted below.
+        let slot = self.slot(device)?;
+        let (_, entry) = self.open_slot(slot, device)?;
         let result = match entry {
             Entry::Caching(a) => a.malloc(size, stream, self.routed_pool(device)),
             Entry::Uncached(u) => u.malloc(size),
@@ -244,7 +266,7 @@ where
         // out of it here left a partly moved result whose drop ran on every malloc.
         let addr = result.map_err(|e| self.malloc_failed(e))?;
         if addr != 0 {
-            self.devices[device as usize].span.note(addr);
+            slot.span.note(addr);
         }
         Ok(addr)
     }
