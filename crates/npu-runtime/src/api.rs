@@ -171,14 +171,14 @@ where
     ) -> Result<&'a (Shared<D>, Entry<D>), D::Error> {
         match slot.entry.get() {
             Some(opened) => Ok(opened),
-            None => self.open(slot, device),
+            None => self.open_device(slot, device),
         }
     }
 
     /// Opens device `device` in its slot (or waits for the thread opening it).
     #[cold]
     #[inline(never)]
-    fn open<'a>(
+    fn open_device<'a>(
         &'a self,
         slot: &'a Slot<D>,
         device: u32,
