@@ -153,17 +153,22 @@ impl<S> Block<S> {
 
 /// The slab of block records, with a free list of vacant slots. Slot 0 is a placeholder (a copy
 /// of the first block stored), so that ids index the slab without an offset.
+///
+/// The free list runs through the vacant records themselves (each one's `next`), not through a
+/// vector of its own: a small vector is a heap chunk that can share a cache line with another
+/// device's allocator, which another thread writes (the records are whole lines).
 #[derive(Debug)]
 pub(crate) struct Blocks<S> {
     slots: Vec<Block<S>>,
-    vacant: Vec<u32>,
+    /// The most recently vacated slot, whose `next` is the one vacated before it.
+    vacant: Option<BlockId>,
 }
 
 impl<S> Default for Blocks<S> {
     fn default() -> Self {
         Blocks {
             slots: Vec::new(),
-            vacant: Vec::new(),
+            vacant: None,
         }
     }
 }
@@ -172,9 +177,11 @@ impl<S: Clone> Blocks<S> {
     /// Stores a block and returns its id.
     #[inline]
     pub(crate) fn insert(&mut self, block: Block<S>) -> BlockId {
-        if let Some(i) = self.vacant.pop() {
-            self.slots[i as usize] = block;
-            BlockId::new(i)
+        if let Some(id) = self.vacant {
+            let slot = &mut self.slots[id.index()];
+            self.vacant = slot.next;
+            *slot = block;
+            id
         } else {
             if self.slots.is_empty() {
                 self.slots.push(block.clone());
@@ -188,8 +195,10 @@ impl<S: Clone> Blocks<S> {
     /// Frees the slot of a block that is no longer linked anywhere.
     #[inline]
     pub(crate) fn remove(&mut self, id: BlockId) {
-        debug_assert!(!self.slots[id.index()].used_elsewhere);
-        self.vacant.push(id.0.get());
+        let slot = &mut self.slots[id.index()];
+        debug_assert!(!slot.used_elsewhere);
+        slot.next = self.vacant;
+        self.vacant = Some(id);
     }
 }
 
