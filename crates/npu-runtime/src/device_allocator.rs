@@ -14,17 +14,21 @@ use alloc_core::{
     MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
 };
 
+use crossbeam_utils::CachePadded;
+
 use crate::error::RuntimeError;
 use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::warn_once::warn_once;
 
 /// A device shared by its allocator and the calls made without the allocator's lock; each
-/// device call takes the device's lock for its duration.
-pub(crate) struct Shared<D>(Arc<Mutex<D>>);
+/// device call takes the device's lock for its duration. Padded to its own cache lines: the
+/// devices are usually opened on one thread, so their heap chunks lie side by side, and each
+/// is then written (locked, polled for events) by its own device's thread.
+pub(crate) struct Shared<D>(Arc<CachePadded<Mutex<D>>>);
 
 impl<D> Shared<D> {
     pub(crate) fn new(device: D) -> Self {
-        Shared(Arc::new(Mutex::new(device)))
+        Shared(Arc::new(CachePadded::new(Mutex::new(device))))
     }
 
     /// The device, locked.

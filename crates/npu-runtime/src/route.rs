@@ -16,15 +16,7 @@
 use crate::sync::{AtomicU64, Ordering};
 
 /// The lowest and highest address a device has returned (empty at first).
-///
-/// Every `free` reads its own device's span and those of the devices before it, so a span sits
-/// alone on its cache lines (128 bytes: a line and the one the adjacent-line prefetcher pairs
-/// with it). It used to share a line with the start of the next device's slot, whose lock and
-/// allocator that device's thread writes on every call: with one thread per device, each free
-/// missed on its own span (two threads on two devices: 1.1 times one thread's throughput,
-/// 1.4 – 2.0 once apart).
 #[derive(Debug)]
-#[repr(align(128))]
 pub(crate) struct Span {
     lo: AtomicU64,
     hi: AtomicU64,
