@@ -68,10 +68,9 @@ struct Slot<D: Device> {
     /// Filled on first use and read without a lock afterwards.
     entry: OnceSlot<(Shared<D>, Entry<D>)>,
     /// Where its allocations lie, so `free` can find it. Every `free` reads its own device's
-    /// span and those of the devices before it, so the span sits alone on its cache lines: it
-    /// used to share one with the start of the next device's slot, which that device's thread
-    /// writes on every call, and with a thread per device each free missed on its own span
-    /// (two threads on two devices: 1.1 times one thread's throughput, 1.4 – 2.0 once apart).
+    /// span and those of the devices before it, so the span sits alone on its cache lines:
+    /// beside the next device's slot, which that device's thread writes on every call, each
+    /// free missed on it (docs/performance.md has the figures).
     span: CachePadded<Span>,
 }
 

@@ -13,7 +13,6 @@ use alloc_core::{
     AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, HostQueue,
     MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
 };
-
 use crossbeam_utils::CachePadded;
 
 use crate::error::RuntimeError;
