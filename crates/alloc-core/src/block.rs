@@ -175,7 +175,7 @@ impl<S> Default for Blocks<S> {
 
 impl<S: Clone> Blocks<S> {
     /// Stores a block and returns its id.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, block: Block<S>) -> BlockId {
         if let Some(id) = self.vacant {
             let slot = &mut self.slots[id.index()];

@@ -101,7 +101,7 @@ pub(crate) struct Counter {
 
 impl Counter {
     /// torch's `increase_stat`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn increase(&mut self, n: u64) -> i64 {
         let n = signed(n);
         self.add_total(n as u64);
@@ -109,14 +109,14 @@ impl Counter {
     }
 
     /// torch's `decrease_stat`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn decrease(&mut self, n: u64) {
         self.level.fall(signed(n));
     }
 
     /// A signed net change as one increase or one decrease, as torch applies it; without
     /// branches on its sign (the sign of a merge's net change is data-dependent).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn apply(&mut self, delta: i64) -> i64 {
         self.add_total(delta.max(0) as u64);
         self.level.rise(delta)
@@ -187,7 +187,7 @@ pub(crate) struct PoolCounters {
 }
 
 /// The slot of `pool` in [`PoolCounters`].
-#[inline]
+#[inline(always)]
 fn pool_index(pool: PoolKind) -> usize {
     match pool {
         PoolKind::Small => 0,
@@ -197,20 +197,20 @@ fn pool_index(pool: PoolKind) -> usize {
 
 impl PoolCounters {
     /// Increases `pool` (and so "all") by `n`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
         let raised = self.pools[pool_index(pool)].increase(n);
         self.rise_all(raised);
     }
 
     /// Decreases `pool` (and so "all") by `n`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
         self.pools[pool_index(pool)].decrease(n);
     }
 
     /// Applies a net change to `pool` (and so "all").
-    #[inline]
+    #[inline(always)]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
         let raised = self.pools[pool_index(pool)].apply(delta);
         self.rise_all(raised);

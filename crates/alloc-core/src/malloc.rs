@@ -45,7 +45,11 @@ impl<D: Device> Allocator<D> {
     }
 
     /// `malloc` into pool set `set`.
-    #[inline]
+    // Always inlined, as are the hot helpers under it (`lookup`, `get_free_block`, the pool's
+    // `take_best_fit`, the counters' updates): under the bench profile's whole-program LTO,
+    // LLVM otherwise outlined a different level in each caller (the runtime's malloc went two
+    // calls deep), each call a dozen instructions of saves and restores.
+    #[inline(always)]
     fn malloc_to(
         &mut self,
         size: u64,
@@ -99,7 +103,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's malloc up to the miss path: size the request and take a cached block if one fits.
-    #[inline]
+    #[inline(always)]
     fn lookup(
         &mut self,
         size: u64,
@@ -154,7 +158,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `get_free_block`: best fit on the request's stream, under the oversize rules.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn get_free_block(&mut self, req: &Request<D::Stream>) -> Option<BlockId> {
         let gc = self.gc_enabled();
         if self.live_expandable > 0 {

@@ -119,20 +119,15 @@ impl<S: Ord + Copy> BlockPool<S> {
 
     /// Takes the smallest free block on `stream` at least `size` bytes large out of the pool
     /// if `accept` agrees to its size; one search serves both the lookup and the removal.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_best_fit(
         &mut self,
         stream: S,
         size: u64,
         accept: impl FnOnce(u64) -> bool,
     ) -> Option<BlockId> {
-        let blocks = self.stream_mut(stream)?;
-        let (c, found) = blocks.find_from(key(size, 0))?;
-        if !accept(size_of(found.key)) {
-            return None;
-        }
-        blocks.remove_found(c, found);
-        Some(found.id)
+        self.stream_mut(stream)?
+            .take_from(key(size, 0), |k| accept(size_of(k)))
     }
 
     /// Free blocks on `stream` of at least `size` bytes, smallest first.

@@ -127,7 +127,7 @@ impl<S> Default for Pools<S> {
     }
 }
 
-#[inline]
+#[inline(always)]
 fn kind_index(kind: PoolKind) -> usize {
     match kind {
         PoolKind::Small => 0,
@@ -146,6 +146,18 @@ impl<S> Pools<S> {
     pub(crate) fn private_mut(&mut self, set: PoolSet) -> Option<&mut PrivatePool<S>> {
         let slot = usize::from(set).checked_sub(1)?;
         self.private.get_mut(slot)?.as_mut()
+    }
+
+    /// The private pool of a live set; panics for any other (an index out of range).
+    #[inline(never)]
+    fn live_private(&self, set: PoolSet) -> &PrivatePool<S> {
+        self.private(set).expect("a live pool set")
+    }
+
+    /// [`Pools::live_private`], mutably.
+    #[inline(never)]
+    fn live_private_mut(&mut self, set: PoolSet) -> &mut PrivatePool<S> {
+        self.private_mut(set).expect("a live pool set")
     }
 
     /// The set of the live pool `id` (0 for the default).
@@ -216,23 +228,25 @@ impl<S> Pools<S> {
 impl<S> Index<(PoolSet, PoolKind)> for Pools<S> {
     type Output = BlockPool<S>;
 
-    #[inline]
+    // Always inlined, with the private pools' search out of line: every malloc and free
+    // indexes the default pools.
+    #[inline(always)]
     fn index(&self, (set, kind): (PoolSet, PoolKind)) -> &BlockPool<S> {
         if set == 0 {
             &self.default[kind_index(kind)]
         } else {
-            &self.private(set).expect("a live pool set").pools[kind_index(kind)]
+            &self.live_private(set).pools[kind_index(kind)]
         }
     }
 }
 
 impl<S> IndexMut<(PoolSet, PoolKind)> for Pools<S> {
-    #[inline]
+    #[inline(always)]
     fn index_mut(&mut self, (set, kind): (PoolSet, PoolKind)) -> &mut BlockPool<S> {
         if set == 0 {
             &mut self.default[kind_index(kind)]
         } else {
-            &mut self.private_mut(set).expect("a live pool set").pools[kind_index(kind)]
+            &mut self.live_private_mut(set).pools[kind_index(kind)]
         }
     }
 }

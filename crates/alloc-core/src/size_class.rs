@@ -75,7 +75,7 @@ impl SizeClasses {
     }
 
     /// The first non-empty class at or after `from`.
-    #[inline]
+    #[inline(always)]
     fn next_class(&self, from: usize) -> Option<usize> {
         let mut word = from / 64;
         if word >= WORDS {
@@ -102,9 +102,48 @@ impl SizeClasses {
         range.filter(|&c| self.occupied[c / 64] & (1 << (c % 64)) != 0)
     }
 
+    /// Takes the first entry with key ≥ `k` if `accept` agrees to its key. Best fit's common
+    /// cases are a bin's lowest entry (of `k`'s class, or of the next non-empty one) and take
+    /// it with a `pop`; a search inside `k`'s class goes out of line.
+    #[inline(always)]
+    pub(crate) fn take_from(
+        &mut self,
+        k: u128,
+        accept: impl FnOnce(u128) -> bool,
+    ) -> Option<BlockId> {
+        let mut c = class(size_of(k));
+        let (key, id) = match self.bins[c].lowest() {
+            Some(lowest) if lowest.0 >= k => lowest,
+            Some(_) => return self.take_searched(k, accept),
+            None => {
+                c = self.next_class(c + 1)?;
+                self.bins[c].lowest()?
+            }
+        };
+        if !accept(key) {
+            return None;
+        }
+        self.bins[c].pop_lowest();
+        if self.bins[c].is_empty() {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
+        Some(id)
+    }
+
+    /// [`SizeClasses::take_from`] when `k`'s class holds keys below `k`: a search in the bin.
+    #[inline]
+    fn take_searched(&mut self, k: u128, accept: impl FnOnce(u128) -> bool) -> Option<BlockId> {
+        let (c, found) = self.find_from(k)?;
+        if !accept(found.key) {
+            return None;
+        }
+        self.remove_found(c, found);
+        Some(found.id)
+    }
+
     /// The first entry with key ≥ `k` and its class.
     #[inline]
-    pub(crate) fn find_from(&self, k: u128) -> Option<(usize, Found)> {
+    fn find_from(&self, k: u128) -> Option<(usize, Found)> {
         let c = class(size_of(k));
         if let Some(found) = self.bins[c].find_from(k) {
             return Some((c, found));
@@ -115,7 +154,7 @@ impl SizeClasses {
 
     /// Removes an entry just found by [`SizeClasses::find_from`].
     #[inline]
-    pub(crate) fn remove_found(&mut self, c: usize, found: Found) {
+    fn remove_found(&mut self, c: usize, found: Found) {
         self.bins[c].remove_at(found);
         if self.bins[c].is_empty() {
             self.occupied[c / 64] &= !(1 << (c % 64));
@@ -184,5 +223,62 @@ mod tests {
         assert_eq!(class(4096 + 512), 9);
         assert_eq!(class(8192), 16);
         assert_eq!(class(u64::MAX), CLASSES - 1);
+    }
+
+    #[test]
+    fn take_from_takes_the_first_key_at_or_above_as_an_ordered_map_does() {
+        use crate::block::{Block, Blocks};
+        use crate::size::PoolKind;
+        use alloc::collections::BTreeMap;
+
+        let mut blocks = Blocks::<u64>::default();
+        let id = blocks.insert(Block::segment(0, 0, 0, PoolKind::Small, 0));
+        let mut classes = SizeClasses::default();
+        let mut model = BTreeMap::new();
+        // Sizes 8 KiB - 16 KiB share classes two sizes wide, so a request can find its class's
+        // lowest below it (the search), its class empty (the next class) or its lowest fitting.
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut refused = 0;
+        for step in 0..20_000 {
+            let size = 8192 + 512 * (next() % 16);
+            let k = key(size, next() % 64 * 0x10_0000);
+            if next() % 2 == 0 {
+                if let alloc::collections::btree_map::Entry::Vacant(e) = model.entry(k) {
+                    e.insert(id);
+                    classes.insert(k, id);
+                }
+                continue;
+            }
+            let probe = key(size, 0);
+            let want = model.range(probe..).next().map(|(&k, _)| k);
+            // Refuse a fit more than 1 KiB larger now and then: nothing may change.
+            let limit = if step % 5 == 0 { size + 1024 } else { u64::MAX };
+            let mut offered = None;
+            let took = classes.take_from(probe, |k| {
+                offered = Some(k);
+                size_of(k) < limit
+            });
+            assert_eq!(offered, want, "step {step}");
+            match want {
+                Some(k) if size_of(k) < limit => {
+                    assert_eq!(took, Some(id));
+                    model.remove(&k);
+                }
+                _ => {
+                    assert_eq!(took, None);
+                    refused += usize::from(want.is_some());
+                }
+            }
+            let all: Vec<u128> = model.keys().copied().collect();
+            let held: Vec<u128> = classes.from(0).map(|(k, _)| k).collect();
+            assert_eq!(held, all, "step {step}");
+        }
+        assert!(refused > 0, "some fits were refused");
     }
 }

@@ -78,7 +78,7 @@ impl SortedBin {
     }
 
     /// Adds an entry; keys are unique (they contain the block's address).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, key: u128, id: BlockId) {
         match self.low.last() {
             // Below the lowest (a block put back after a hit, or an empty bin): a push.
@@ -156,6 +156,19 @@ impl SortedBin {
             }
         }
         self.low.reverse();
+    }
+
+    /// The lowest entry.
+    #[inline(always)]
+    pub(crate) fn lowest(&self) -> Option<(u128, BlockId)> {
+        self.low.last().copied()
+    }
+
+    /// Removes the lowest entry: a `pop`.
+    #[inline(always)]
+    pub(crate) fn pop_lowest(&mut self) {
+        self.low.pop();
+        self.refill();
     }
 
     /// The first entry with a key at or above `key`, and its position for [`SortedBin::remove_at`].

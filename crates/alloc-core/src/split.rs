@@ -32,7 +32,7 @@ pub fn should_split(
 
 impl<D: Device> Allocator<D> {
     /// Splits `id` if torch would, marks the front allocated and updates the stats.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn alloc_found_block(&mut self, id: BlockId, req: &Request<D::Stream>) -> u64 {
         let id = if self.conf.expandable_segments
             && req.size >= ROUND_LARGE
