@@ -104,7 +104,7 @@ impl SizeClasses {
 
     /// Takes the first entry with key ≥ `k` if `accept` agrees to its key. Best fit's common
     /// cases are a bin's lowest entry (of `k`'s class, or of the next non-empty one) and take
-    /// it with a `pop`; a search inside `k`'s class goes out of line.
+    /// it with a `pop`; a search inside `k`'s class goes through `find_from`.
     #[inline(always)]
     pub(crate) fn take_from(
         &mut self,
