@@ -26,8 +26,8 @@ pub(crate) struct Args {
     runs: u32,
     /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
     /// blocks, split/merge churn, runtime, and offset-allocator's) and of a replayed operation
-    /// (both replay benches' traces), counted by valgrind's callgrind (steady where wall time on
-    /// a shared machine is not).
+    /// (both replay benches' traces) in the bench profile's build, counted by valgrind's
+    /// callgrind (steady where wall time on a shared machine is not).
     #[arg(long)]
     instructions: bool,
 }
@@ -614,7 +614,10 @@ fn instruction_counts() -> Result<(), String> {
 }
 
 /// Instructions of one pair (or operation): two callgrind runs of `example`, with counts `unit`
-/// and twice that, the difference divided by `unit` (the set-up cancels out).
+/// and twice that, the difference divided by `unit` (the set-up cancels out). The example is
+/// built with the bench profile, the whole-program LTO build that criterion times: inlining
+/// differs between the profiles, for offset-allocator most of all (about 246 instructions a
+/// pair with LTO against 320 without).
 fn instructions_per_unit(
     package: &str,
     example: &str,
@@ -622,12 +625,21 @@ fn instructions_per_unit(
     unit: u64,
 ) -> Result<f64, String> {
     let built = crate::cargo::cargo()
-        .args(["build", "--release", "-p", package, "--example", example])
+        .args([
+            "build",
+            "--profile",
+            "bench",
+            "-p",
+            package,
+            "--example",
+            example,
+        ])
         .status()
         .map_err(|e| format!("running cargo: {e}"))?;
     if !built.success() {
         return Err(format!("building the {example} example failed"));
     }
+    // The bench profile inherits from release and builds into its directory.
     let exe = crate::cargo::workspace_root().join(format!("target/release/examples/{example}"));
     let count = |pairs: u64| -> Result<u64, String> {
         let out = std::process::Command::new("valgrind")
