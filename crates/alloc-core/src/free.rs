@@ -22,7 +22,8 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         let id = self.live_block(addr)?;
-        let recorded = self.record_free_events(id).map_err(FreeError::Device)?;
+        let recorded = self.blocks[id].used_elsewhere
+            && self.record_free_events(id).map_err(FreeError::Device)?;
         if self.history.is_some() {
             let b = &self.blocks[id];
             let (requested, stream) = (b.requested, b.stream);
@@ -94,6 +95,8 @@ impl<D: Device> Allocator<D> {
     /// Records one event per stream in the block's stream uses and queues them. Returns whether
     /// the block must wait for them (`false` when it had no other uses, or when recording failed
     /// and a device synchronization made waiting unnecessary). On error nothing has changed.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn record_free_events(&mut self, id: BlockId) -> Result<bool, D::Error> {
         if !self.blocks[id].used_elsewhere {
             return Ok(false);

@@ -186,15 +186,25 @@ impl<D: Device> Allocator<D> {
         }
         let block = &mut self.blocks[id];
         block.requested = 0;
-        if block.is_split() {
-            net_blocks += 1;
-            net_bytes += block.size as i64;
-        }
+        let (split, size) = (block.is_split(), block.size);
         let counted = !block.is_expandable();
         self.pools[(set, pool)].insert(block, id);
         if counted {
-            self.stats.inactive_split.apply(pool, net_blocks);
-            self.stats.inactive_split_bytes.apply(pool, net_bytes);
+            if net_blocks == 0 {
+                // Nothing merged (each merge counts one block off): the block is one more
+                // inactive split block, or a whole segment, which is none.
+                if split {
+                    self.stats.inactive_split.increase(pool, 1);
+                    self.stats.inactive_split_bytes.increase(pool, size);
+                }
+            } else {
+                if split {
+                    net_blocks += 1;
+                    net_bytes += size as i64;
+                }
+                self.stats.inactive_split.apply(pool, net_blocks);
+                self.stats.inactive_split_bytes.apply(pool, net_bytes);
+            }
         }
         self.stats.requested_bytes.decrease(pool, requested);
     }
