@@ -44,51 +44,27 @@ impl<D: Device> Allocator<D> {
         };
         let size = req.size;
         let pool = req.pool;
-        let block = &self.blocks[id];
-        let already_split = block.is_split();
-        // torch leaves blocks of expandable segments out of `inactive_split`.
-        let counted = !block.is_expandable();
         // torch turns expandable segments off for a pool with its own allocator, as the memory
         // saver's pools are.
         let expandable =
             self.conf.expandable_segments && !(req.set != 0 && self.is_saver_set(req.set));
-        if should_split(pool, block.size, size, self.conf.max_split_size, expandable) {
-            // The front keeps the id and address; the remainder becomes a new free block.
-            let remainder = Block {
-                addr: block.addr + size,
-                size: block.size - size,
-                prev: Some(id),
-                next: block.next,
-                vm: block.vm,
-                ..Block::segment(0, 0, block.stream, pool, block.set)
-            };
-            let (remainder_size, set) = (remainder.size, remainder.set);
-            let rid = self.blocks.insert(remainder);
-            if let Some(next) = self.blocks[id].next {
-                self.blocks[next].prev = Some(rid);
-            }
-            let block = &mut self.blocks[id];
-            block.next = Some(rid);
-            block.size = size;
-            self.pools[(set, pool)].insert(&mut self.blocks[rid], rid);
-            if counted && already_split {
-                // An already-split free block shrinks by `size` bytes.
-                self.stats.inactive_split_bytes.decrease(pool, size);
-            } else if counted {
-                // A previously whole segment now holds one more inactive split block.
-                self.stats
-                    .inactive_split_bytes
-                    .increase(pool, remainder_size);
-                self.stats.inactive_split.increase(pool, 1);
-            }
-        } else if already_split && counted {
-            // An already-split free block becomes active whole.
-            self.stats
-                .inactive_split_bytes
-                .decrease(pool, self.blocks[id].size);
-            self.stats.inactive_split.decrease(pool, 1);
-        }
         let block = &mut self.blocks[id];
+        let already_split = block.is_split();
+        // torch leaves blocks of expandable segments out of `inactive_split`.
+        let counted = !block.is_expandable();
+        // A block taken whole keeps the one reference to its record (no second lookup in the
+        // slab); a split relinks the segment and looks the front up again.
+        let block = if should_split(pool, block.size, size, self.conf.max_split_size, expandable) {
+            self.split_front(id, size, pool, already_split && counted, counted);
+            &mut self.blocks[id]
+        } else {
+            if already_split && counted {
+                // An already-split free block becomes active whole.
+                self.stats.inactive_split_bytes.decrease(pool, block.size);
+                self.stats.inactive_split.decrease(pool, 1);
+            }
+            block
+        };
         block.allocated = true;
         block.requested = req.requested;
         let (addr, size) = (block.addr, block.size);
@@ -108,6 +84,50 @@ impl<D: Device> Allocator<D> {
             self.record(Action::Alloc, addr, req.requested, Some(stream));
         }
         addr
+    }
+
+    /// Splits free block `id` so that it keeps its first `size` bytes; the rest becomes a new
+    /// free block in its pool. `shrinks`: the block was a counted split block already (so
+    /// `inactive_split` loses `size` bytes); `counted`: it is not part of an expandable segment
+    /// (else `inactive_split` does not move).
+    #[inline(always)]
+    fn split_front(
+        &mut self,
+        id: BlockId,
+        size: u64,
+        pool: PoolKind,
+        shrinks: bool,
+        counted: bool,
+    ) {
+        let block = &self.blocks[id];
+        // The front keeps the id and address; the remainder becomes a new free block.
+        let remainder = Block {
+            addr: block.addr + size,
+            size: block.size - size,
+            prev: Some(id),
+            next: block.next,
+            vm: block.vm,
+            ..Block::segment(0, 0, block.stream, pool, block.set)
+        };
+        let (remainder_size, set) = (remainder.size, remainder.set);
+        let rid = self.blocks.insert(remainder);
+        if let Some(next) = self.blocks[id].next {
+            self.blocks[next].prev = Some(rid);
+        }
+        let block = &mut self.blocks[id];
+        block.next = Some(rid);
+        block.size = size;
+        self.pools[(set, pool)].insert(&mut self.blocks[rid], rid);
+        if shrinks {
+            // An already-split free block shrinks by `size` bytes.
+            self.stats.inactive_split_bytes.decrease(pool, size);
+        } else if counted {
+            // A previously whole segment now holds one more inactive split block.
+            self.stats
+                .inactive_split_bytes
+                .increase(pool, remainder_size);
+            self.stats.inactive_split.increase(pool, 1);
+        }
     }
 
     /// torch_npu's `base_addr_aligned_kb`: a large request found at an address that is not a
