@@ -179,7 +179,8 @@ impl<D: Device> DeviceAllocator<D> {
 
     /// `malloc(size, stream)` from private pool `pool` (`None`: the default pools); see the
     /// module doc for `release_lock_on_npumalloc`.
-    #[inline]
+    // Always inlined into the runtime's malloc: under LTO it stayed a call of its own.
+    #[inline(always)]
     pub(crate) fn malloc(
         &self,
         size: u64,
