@@ -486,16 +486,7 @@ impl Counters {
 mod tests {
     use super::*;
     use crate::stats::DeviceStats;
-
-    /// A xorshift64 generator: the same random steps on every run.
-    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
-    }
+    use crate::test_rng::xorshift;
 
     /// A reset of both sides when `draw` asks for one: 0 the peaks, 1 the accumulated totals.
     fn reset_both(fast: &mut Counters, model: &mut DeviceStats, draw: u64) {

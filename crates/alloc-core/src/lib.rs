@@ -37,6 +37,8 @@ mod sorted_bin;
 mod split;
 mod stats;
 mod stream_events;
+#[cfg(test)]
+mod test_rng;
 
 pub use alloc_conf::AllocConf;
 pub use allocator::{Allocator, DeviceFacts, Flavour, Notice};

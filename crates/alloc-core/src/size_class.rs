@@ -237,13 +237,7 @@ mod tests {
         let mut model = BTreeMap::new();
         // Sizes 8 KiB - 16 KiB share classes two sizes wide, so a request can find its class's
         // lowest below it (the search), its class empty (the next class) or its lowest fitting.
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
         let mut refused = 0;
         for step in 0..20_000 {
             let size = 8192 + 512 * (next() % 16);

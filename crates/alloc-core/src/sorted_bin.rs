@@ -296,14 +296,8 @@ mod tests {
         let id = ids[0];
         let mut bin = SortedBin::default();
         let mut model = BTreeMap::new();
-        // xorshift: keys from a range small enough to repeat, so removes and refills happen.
-        let mut x = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        // Keys from a range small enough to repeat, so removes and refills happen.
+        let mut next = crate::test_rng::xorshift(0x9E37_79B9_7F4A_7C15);
         let mut saw_tree = false;
         for step in 0..20_000 {
             let k = u128::from(next() % 600) << 64 | u128::from(next() % 4);

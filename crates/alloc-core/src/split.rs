@@ -99,25 +99,11 @@ impl<D: Device> Allocator<D> {
         shrinks: bool,
         counted: bool,
     ) {
-        let block = &self.blocks[id];
         // The front keeps the id and address; the remainder becomes a new free block.
-        let remainder = Block {
-            addr: block.addr + size,
-            size: block.size - size,
-            prev: Some(id),
-            next: block.next,
-            vm: block.vm,
-            ..Block::segment(0, 0, block.stream, pool, block.set)
-        };
+        let rid = self.carve(id, size);
+        let remainder = &mut self.blocks[rid];
         let (remainder_size, set) = (remainder.size, remainder.set);
-        let rid = self.blocks.insert(remainder);
-        if let Some(next) = self.blocks[id].next {
-            self.blocks[next].prev = Some(rid);
-        }
-        let block = &mut self.blocks[id];
-        block.next = Some(rid);
-        block.size = size;
-        self.pools[(set, pool)].insert(&mut self.blocks[rid], rid);
+        self.pools[(set, pool)].insert(remainder, rid);
         if shrinks {
             // An already-split free block shrinks by `size` bytes.
             self.stats.inactive_split_bytes.decrease(pool, size);
@@ -128,6 +114,30 @@ impl<D: Device> Allocator<D> {
                 .increase(pool, remainder_size);
             self.stats.inactive_split.increase(pool, 1);
         }
+    }
+
+    /// Cuts block `id` `at` bytes in: the part above becomes a new free block, next in the
+    /// segment's chain (same stream, pool, set and expandable segment), and its id is returned.
+    /// Neither part is put into a pool here.
+    #[inline(always)]
+    fn carve(&mut self, id: BlockId, at: u64) -> BlockId {
+        let block = &self.blocks[id];
+        let upper = Block {
+            addr: block.addr + at,
+            size: block.size - at,
+            prev: Some(id),
+            next: block.next,
+            vm: block.vm,
+            ..Block::segment(0, 0, block.stream, block.pool, block.set)
+        };
+        let uid = self.blocks.insert(upper);
+        if let Some(next) = self.blocks[id].next {
+            self.blocks[next].prev = Some(uid);
+        }
+        let block = &mut self.blocks[id];
+        block.next = Some(uid);
+        block.size = at;
+        uid
     }
 
     /// torch_npu's `base_addr_aligned_kb`: a large request found at an address that is not a
@@ -148,22 +158,8 @@ impl<D: Device> Allocator<D> {
             return id;
         }
         let (pool, set, was_split, whole) = (block.pool, block.set, block.is_split(), block.size);
-        let aligned = Block {
-            addr: block.addr + offset,
-            size: block.size - offset,
-            prev: Some(id),
-            next: block.next,
-            vm: block.vm,
-            ..Block::segment(0, 0, block.stream, pool, set)
-        };
-        let aid = self.blocks.insert(aligned);
-        if let Some(next) = self.blocks[id].next {
-            self.blocks[next].prev = Some(aid);
-        }
-        let gc_base = self.blocks[id].gc_base;
-        let head = &mut self.blocks[id];
-        head.next = Some(aid);
-        head.size = offset;
+        let gc_base = block.gc_base;
+        let aid = self.carve(id, offset);
         self.pools[(set, pool)].insert(&mut self.blocks[id], id);
         self.blocks[id].gc_base = gc_base;
         if !self.blocks[id].is_expandable() {
