@@ -616,8 +616,8 @@ fn instruction_counts() -> Result<(), String> {
 /// Instructions of one pair (or operation): two callgrind runs of `example`, with counts `unit`
 /// and twice that, the difference divided by `unit` (the set-up cancels out). The example is
 /// built with the bench profile, the whole-program LTO build that criterion times: inlining
-/// differs between the profiles, for offset-allocator most of all (about 246 instructions a
-/// pair with LTO against 320 without).
+/// differs between the profiles, for offset-allocator most of all (240 – 246 instructions a
+/// pair with LTO, depending on the code laid out beside it, against 320 without).
 fn instructions_per_unit(
     package: &str,
     example: &str,

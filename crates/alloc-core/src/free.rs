@@ -92,15 +92,16 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// Records one event per stream in the block's stream uses and queues them. Returns whether
-    /// the block must wait for them (`false` when it had no other uses, or when recording failed
+    /// Records one event per stream in the stream uses of a block used on other streams, and
+    /// queues them. Returns whether the block must wait for them (`false` when recording failed
     /// and a device synchronization made waiting unnecessary). On error nothing has changed.
     #[cold]
     #[inline(never)]
     pub(crate) fn record_free_events(&mut self, id: BlockId) -> Result<bool, D::Error> {
-        if !self.blocks[id].used_elsewhere {
-            return Ok(false);
-        }
+        debug_assert!(
+            self.blocks[id].used_elsewhere,
+            "only free's check calls this"
+        );
         let uses = self.stream_uses.remove(&id).unwrap_or_default();
         self.blocks[id].used_elsewhere = false;
         let mut recorded = Vec::with_capacity(uses.len());
