@@ -78,13 +78,19 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// Why `addr` is not a live allocation: it lies inside one of our segments, or it is foreign.
+    /// Why `addr` is not a live allocation: it lies inside memory we hold (one of our segments,
+    /// or a reserved range parked after the device refused to release it), or it is foreign.
     fn pointer_error(&self, addr: u64) -> FreeError<D::Error> {
         let inside = self
             .segments
             .range(..=addr)
             .next_back()
-            .is_some_and(|(_, &head)| addr < self.segment_end(head));
+            .is_some_and(|(_, &head)| addr < self.segment_end(head))
+            || self
+                .parked
+                .ranges
+                .iter()
+                .any(|&(start, bytes)| (start..start + bytes).contains(&addr));
         if inside {
             FreeError::NotAllocated { addr }
         } else {

@@ -208,3 +208,18 @@ fn a_reserve_past_8_eib_is_out_of_memory() {
     assert_eq!(get(&r, "end", "allocation.all.current"), 7);
     assert_eq!(get(&r, "end", "num_ooms"), 2);
 }
+
+#[test]
+fn a_double_free_in_a_parked_range_is_not_allocated() {
+    // The device refuses to release an expandable segment's reserved range at `empty_cache`, so
+    // the allocator parks the range for the next try and forgets the segment. A second free of
+    // the block that was in it is still inside memory the allocator holds: torch's "not
+    // allocated", not "invalid device pointer". The checker asserts the exact error.
+    let text = "capacity 1073741824\npad 32\nset_allocator_settings expandable_segments:True\n\
+                fault release_address 1 oom\nalloc a4 1 0\nfree a4\nempty_cache\n\
+                record_freed a4 0\ndrain\n";
+    let trace = alloc_trace::parse_str("parked.trace", text).unwrap();
+    let setup = Setup::from_trace(&trace, alloc_conf::AllocConf::default(), None, None);
+    let r = alloc_trace::replay_checked(&trace, &setup, alloc_trace::Checks::default()).unwrap();
+    assert_eq!((r.counts.faults_fired, r.counts.misuses), (1, 1));
+}
