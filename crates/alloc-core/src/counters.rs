@@ -178,7 +178,7 @@ impl Counter {
 /// slack to see whether "all" passed its peak, and a decrease does nothing more.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolCounters {
-    /// Indexed by [`pool_index`].
+    /// Indexed by [`PoolKind::index`].
     pools: [Counter; 2],
     /// The peak of "all".
     all_peak: i64,
@@ -186,33 +186,24 @@ pub(crate) struct PoolCounters {
     slack: i64,
 }
 
-/// The slot of `pool` in [`PoolCounters`].
-#[inline(always)]
-fn pool_index(pool: PoolKind) -> usize {
-    match pool {
-        PoolKind::Small => 0,
-        PoolKind::Large => 1,
-    }
-}
-
 impl PoolCounters {
     /// Increases `pool` (and so "all") by `n`.
     #[inline(always)]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
-        let raised = self.pools[pool_index(pool)].increase(n);
+        let raised = self.pools[pool.index()].increase(n);
         self.rise_all(raised);
     }
 
     /// Decreases `pool` (and so "all") by `n`.
     #[inline(always)]
     pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
-        self.pools[pool_index(pool)].decrease(n);
+        self.pools[pool.index()].decrease(n);
     }
 
     /// Applies a net change to `pool` (and so "all").
     #[inline(always)]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
-        let raised = self.pools[pool_index(pool)].apply(delta);
+        let raised = self.pools[pool.index()].apply(delta);
         self.rise_all(raised);
     }
 
@@ -278,7 +269,7 @@ impl PoolCounters {
 /// the two, exactly, and the hot path pays one never-taken branch for it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Pending {
-    /// Per pool ([`pool_index`]): pending now.
+    /// Per pool ([`PoolKind::index`]): pending now.
     current: [i64; 2],
     /// Per pool: pending at the accumulated reset.
     base: [i64; 2],
@@ -291,13 +282,13 @@ impl Pending {
     /// A free of `n` starts waiting on events.
     #[inline]
     fn add(&mut self, pool: PoolKind, n: u64) {
-        self.current[pool_index(pool)] += signed(n);
+        self.current[pool.index()] += signed(n);
     }
 
     /// A pending free of `n` completed.
     #[inline]
     fn remove(&mut self, pool: PoolKind, n: u64) {
-        self.current[pool_index(pool)] -= signed(n);
+        self.current[pool.index()] -= signed(n);
     }
 
     /// Whether any free waits on events.
@@ -311,7 +302,7 @@ impl Pending {
     #[cold]
     #[inline(never)]
     fn note_peak(&mut self, pool: PoolKind, allocated: &PoolCounters) {
-        let i = pool_index(pool);
+        let i = pool.index();
         self.peak[i] = self.peak[i].max(allocated.pools[i].current() + self.current[i]);
         self.peak[2] = self.peak[2].max(allocated.all_current() + self.all());
     }

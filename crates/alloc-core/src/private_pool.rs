@@ -127,14 +127,6 @@ impl<S> Default for Pools<S> {
     }
 }
 
-#[inline(always)]
-fn kind_index(kind: PoolKind) -> usize {
-    match kind {
-        PoolKind::Small => 0,
-        PoolKind::Large => 1,
-    }
-}
-
 impl<S> Pools<S> {
     /// The private pool of set `set` (not the default).
     pub(crate) fn private(&self, set: PoolSet) -> Option<&PrivatePool<S>> {
@@ -233,9 +225,9 @@ impl<S> Index<(PoolSet, PoolKind)> for Pools<S> {
     #[inline(always)]
     fn index(&self, (set, kind): (PoolSet, PoolKind)) -> &BlockPool<S> {
         if set == 0 {
-            &self.default[kind_index(kind)]
+            &self.default[kind.index()]
         } else {
-            &self.live_private(set).pools[kind_index(kind)]
+            &self.live_private(set).pools[kind.index()]
         }
     }
 }
@@ -244,9 +236,9 @@ impl<S> IndexMut<(PoolSet, PoolKind)> for Pools<S> {
     #[inline(always)]
     fn index_mut(&mut self, (set, kind): (PoolSet, PoolKind)) -> &mut BlockPool<S> {
         if set == 0 {
-            &mut self.default[kind_index(kind)]
+            &mut self.default[kind.index()]
         } else {
-            &mut self.live_private_mut(set).pools[kind_index(kind)]
+            &mut self.live_private_mut(set).pools[kind.index()]
         }
     }
 }

@@ -36,6 +36,16 @@ impl PoolKind {
         }
     }
 
+    /// The pool's slot in a per-pool array: small first, as torch's `StatType` orders them
+    /// after "all".
+    #[inline(always)]
+    pub const fn index(self) -> usize {
+        match self {
+            PoolKind::Small => 0,
+            PoolKind::Large => 1,
+        }
+    }
+
     /// torch's name for the pool in stats keys and snapshots (`small` / `large`).
     pub fn name(self) -> &'static str {
         match self {

@@ -7,9 +7,7 @@
 
 use core::fmt;
 
-use alloc_core::{
-    Allocator, BlockState, Device, PoolKind, STAT_ARRAY_NAMES, SegmentInfo, Stat, StatArray,
-};
+use alloc_core::{Allocator, BlockState, Device, STAT_ARRAY_NAMES, SegmentInfo, Stat, StatArray};
 
 use crate::sim_device::SimDevice;
 
@@ -396,10 +394,7 @@ fn check_snapshot<D: Device + AsRef<SimDevice>>(
     let mut device_segments = 0usize;
     let mut paused = 0u64;
     for seg in snapshot {
-        let p = match seg.pool {
-            PoolKind::Small => 0,
-            PoolKind::Large => 1,
-        };
+        let p = seg.pool.index();
         if seg.address < last_end {
             return Err(Inconsistency::SegmentOverlap { addr: seg.address });
         }
