@@ -124,7 +124,8 @@ pub struct OpCounts {
     pub ooms: u64,
     /// Allocations of 1 EiB or more, refused before the allocator runs.
     pub refused: u64,
-    /// `free` / `record` / misuse operations of ids whose allocation had failed.
+    /// `free` / `record` / misuse operations of ids whose allocation had failed, and `alloc` /
+    /// `double_free` / `record_freed` of ids a failed `free` left live.
     pub skipped: u64,
     /// Misuse operations, each refused with a typed error.
     pub misuses: u64,
@@ -163,6 +164,9 @@ enum Slot {
         filled: Option<u8>,
         /// Made in a memory-saver region without CPU backup: a pause loses its bytes.
         volatile: bool,
+        /// A `free` of it failed by an injected fault: lines that expect it freed (`alloc`,
+        /// `double_free`, `record_freed`) are skipped, as the lines of a failed id are.
+        free_failed: bool,
     },
     /// Its allocation failed; a later `free` / `record` is skipped until it is allocated again.
     Failed,
@@ -730,8 +734,8 @@ impl Executor {
                 OpKind::Alloc { id, size, stream } => {
                     // A success first: nothing to count.
                     return match self.alloc_op(id, size, stream, op.line)? {
-                        Ok(_) => Ok(()),
-                        failed => self.judge_alloc(failed),
+                        Some(Ok(_)) | None => Ok(()),
+                        Some(failed) => self.judge_alloc(failed),
                     };
                 }
                 OpKind::Free { id } => {
@@ -781,11 +785,14 @@ impl Executor {
     #[inline(always)]
     fn execute(&mut self, op: &Op) -> Result<Outcome, ExecError> {
         Ok(match op.kind {
-            OpKind::Alloc { id, size, stream } => Outcome::Alloc {
-                id,
-                size,
-                stream,
-                result: self.alloc_op(id, size, stream, op.line)?,
+            OpKind::Alloc { id, size, stream } => match self.alloc_op(id, size, stream, op.line)? {
+                Some(result) => Outcome::Alloc {
+                    id,
+                    size,
+                    stream,
+                    result,
+                },
+                None => Outcome::Done,
             },
             OpKind::Free { id } => match self.free_op(id, op.line)? {
                 Some((addr, result)) => Outcome::Free { addr, result },
@@ -885,9 +892,16 @@ impl Executor {
         size: u64,
         stream: u64,
         line: usize,
-    ) -> Result<AllocResult, ExecError> {
+    ) -> Result<Option<AllocResult>, ExecError> {
         self.counts.allocs += 1;
-        if let Slot::Live { line, .. } = self.slots[id.index()] {
+        if let Slot::Live {
+            line, free_failed, ..
+        } = self.slots[id.index()]
+        {
+            if free_failed {
+                self.counts.skipped += 1;
+                return Ok(None);
+            }
             return Err(ExecError::Id(IdError::AllocLive {
                 id: self.name(id),
                 allocated_at: line,
@@ -907,23 +921,29 @@ impl Executor {
                     line,
                     filled: None,
                     volatile: !self.scopes.is_empty() && self.in_volatile_region(),
+                    free_failed: false,
                 }
             }
             Err(_) => Slot::Failed,
         };
-        Ok(result)
+        Ok(Some(result))
     }
 
     /// A `free`: frees a live id's allocation and keeps its bookkeeping; `None` when the id's
-    /// allocation failed (the free is skipped).
+    /// allocation failed (the free is skipped). A free that fails leaves the id live.
     #[inline(always)]
     fn free_op(&mut self, id: IdRef, line: usize) -> Result<Option<(u64, FreeResult)>, ExecError> {
         self.counts.frees += 1;
-        match self.slots[id.index()] {
-            Slot::Live { addr, .. } => {
+        match &mut self.slots[id.index()] {
+            &mut Slot::Live {
+                addr,
+                ref mut free_failed,
+                ..
+            } => {
                 let result = self.alloc.free(addr);
-                if result.is_ok() {
-                    self.slots[id.index()] = Slot::Freed { addr, line };
+                match result {
+                    Ok(()) => self.slots[id.index()] = Slot::Freed { addr, line },
+                    Err(_) => *free_failed = true,
                 }
                 Ok(Some((addr, result)))
             }
@@ -1146,7 +1166,10 @@ impl Executor {
             Misuse::DoubleFree { id } | Misuse::RecordFreed { id, .. } => {
                 match self.slots[id.index()] {
                     Slot::Freed { addr, .. } => Some(addr),
-                    Slot::Failed => None,
+                    Slot::Failed
+                    | Slot::Live {
+                        free_failed: true, ..
+                    } => None,
                     Slot::Live { line, .. } => {
                         return Err(ExecError::Id(IdError::NotFreed {
                             op: misuse.keyword(),
@@ -2271,6 +2294,29 @@ mod tests {
         assert_eq!(r.device_mallocs, 1);
         let s = &r.end.stats;
         assert_eq!((s.num_alloc_retries, s.num_sync_all_streams), (0, 0));
+    }
+
+    #[test]
+    fn a_failed_free_leaves_the_id_live_and_the_replay_goes_on() {
+        // Recording the free's event and the fallback synchronization both fail: the free fails,
+        // `a` stays allocated with its stream use. The lines that expect `a` freed (the next
+        // `alloc a`, `double_free a`) are skipped; the next `free a` frees it.
+        let text = "fault record_event 1 oom\nfault synchronize 1 oom\nalloc a 4K 1\nrecord a 0\n\
+                    free a\nalloc a 8K\ndouble_free a\nfree a\nalloc a 8K\n";
+        let r = both(text);
+        assert_eq!((r.counts.faults_fired, r.counts.device_errors), (2, 1));
+        assert_eq!((r.counts.skipped, r.counts.misuses), (2, 0));
+        let s = &r.end.stats;
+        assert_eq!(s.allocation.all.allocated, 2);
+        // 8 KiB + torch_npu's 32-byte pad, rounded to 512.
+        assert_eq!(s.allocated_bytes.all.current, 8704);
+        // A live id whose free did not fail is still a malformed `alloc`.
+        let trace = parse_str("t.trace", "alloc a 4K\nalloc a 4K\n").unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        assert!(matches!(
+            run(&trace, &setup, None).unwrap_err().error,
+            ExecError::Id(IdError::AllocLive { .. })
+        ));
     }
 
     #[test]
