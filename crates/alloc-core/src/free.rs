@@ -29,8 +29,7 @@ impl<D: Device> Allocator<D> {
             let (requested, stream) = (b.requested, b.stream);
             self.record(Action::FreeRequested, addr, requested, Some(stream));
         }
-        let block = &mut self.blocks[id];
-        block.allocated = false;
+        let block = &self.blocks[id];
         let (pool, size) = (block.pool, block.size);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
@@ -39,8 +38,10 @@ impl<D: Device> Allocator<D> {
         }
         if recorded {
             // Still active: allocated no longer, pending until its events complete.
+            self.blocks[id].allocated = false;
             self.stats.start_pending(pool, size);
         } else {
+            // free_block clears `allocated` where it writes the record anyway.
             self.free_block(id);
         }
         Ok(())

@@ -202,6 +202,7 @@ impl<D: Device> Allocator<D> {
         }
         let block = &mut self.blocks[id];
         block.requested = 0;
+        block.allocated = false;
         let (split, size) = (block.is_split(), block.size);
         let counted = !block.is_expandable();
         self.pools[(set, pool)].insert(block, id);
