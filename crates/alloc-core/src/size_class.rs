@@ -64,13 +64,20 @@ impl SizeClasses {
         self.occupied[c / 64] |= 1 << (c % 64);
     }
 
+    /// Clears class `c`'s bit in the occupancy bitmap if its bin is now empty: after any
+    /// removal.
+    #[inline(always)]
+    fn clear_if_empty(&mut self, c: usize) {
+        if self.bins[c].is_empty() {
+            self.occupied[c / 64] &= !(1 << (c % 64));
+        }
+    }
+
     #[inline]
     pub(crate) fn remove(&mut self, k: u128) -> bool {
         let c = class(size_of(k));
         let removed = self.bins[c].remove(k);
-        if self.bins[c].is_empty() {
-            self.occupied[c / 64] &= !(1 << (c % 64));
-        }
+        self.clear_if_empty(c);
         removed
     }
 
@@ -124,9 +131,7 @@ impl SizeClasses {
             return None;
         }
         self.bins[c].pop_lowest();
-        if self.bins[c].is_empty() {
-            self.occupied[c / 64] &= !(1 << (c % 64));
-        }
+        self.clear_if_empty(c);
         Some(id)
     }
 
@@ -156,9 +161,7 @@ impl SizeClasses {
     #[inline]
     fn remove_found(&mut self, c: usize, found: Found) {
         self.bins[c].remove_at(found);
-        if self.bins[c].is_empty() {
-            self.occupied[c / 64] &= !(1 << (c % 64));
-        }
+        self.clear_if_empty(c);
     }
 
     /// Entries with key ≥ `k`, ascending.
