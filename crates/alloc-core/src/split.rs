@@ -55,7 +55,7 @@ impl<D: Device> Allocator<D> {
         // A block taken whole keeps the one reference to its record (no second lookup in the
         // slab); a split relinks the segment and looks the front up again.
         let block = if should_split(pool, block.size, size, self.conf.max_split_size, expandable) {
-            self.split_front(id, size, pool, already_split && counted, counted);
+            self.split_front(id, size, pool, already_split, counted);
             &mut self.blocks[id]
         } else {
             if already_split && counted {
@@ -87,16 +87,15 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Splits free block `id` so that it keeps its first `size` bytes; the rest becomes a new
-    /// free block in its pool. `shrinks`: the block was a counted split block already (so
-    /// `inactive_split` loses `size` bytes); `counted`: it is not part of an expandable segment
-    /// (else `inactive_split` does not move).
+    /// free block in its pool. `already_split`: the block shared its segment before; `counted`:
+    /// it is not part of an expandable segment (else `inactive_split` does not move).
     #[inline(always)]
     fn split_front(
         &mut self,
         id: BlockId,
         size: u64,
         pool: PoolKind,
-        shrinks: bool,
+        already_split: bool,
         counted: bool,
     ) {
         // The front keeps the id and address; the remainder becomes a new free block.
@@ -104,7 +103,7 @@ impl<D: Device> Allocator<D> {
         let remainder = &mut self.blocks[rid];
         let (remainder_size, set) = (remainder.size, remainder.set);
         self.pools[(set, pool)].insert(remainder, rid);
-        if shrinks {
+        if counted && already_split {
             // An already-split free block shrinks by `size` bytes.
             self.stats.inactive_split_bytes.decrease(pool, size);
         } else if counted {
