@@ -10,6 +10,7 @@ use alloc::vec::Vec;
 use alloc_conf::AllocConf;
 use hashbrown::HashMap;
 
+use crate::address_index::AddressIndex;
 use crate::block::{BlockId, Blocks};
 use crate::counters::Counters;
 use crate::device::Device;
@@ -149,9 +150,8 @@ pub struct Allocator<D: Device> {
     /// exists. A freed block keeps its entry, so a cached block handed out again (the common
     /// hit) needs no hash update, and `free` only looks up; an entry goes when its block is
     /// merged into a neighbour or its segment is released. Whether the block is live is its
-    /// `allocated` flag. Hashed by `rustc-hash`'s multiply: addresses come from the device, not
-    /// from an adversary, and one multiply with no seed to load keeps `free`'s lookup short.
-    pub(crate) by_addr: HashMap<u64, BlockId, rustc_hash::FxBuildHasher>,
+    /// `allocated` flag.
+    pub(crate) by_addr: AddressIndex,
     /// The other streams each allocated block was used on (torch's `stream_uses`), for the
     /// blocks with any: a side table, so that the block record stays one cache line.
     pub(crate) stream_uses: HashMap<BlockId, Vec<D::Stream>>,
@@ -206,7 +206,7 @@ impl<D: Device> Allocator<D> {
             facts,
             blocks: Blocks::default(),
             pools: Pools::default(),
-            by_addr: HashMap::default(),
+            by_addr: AddressIndex::new(),
             stream_uses: HashMap::new(),
             segments: BTreeMap::new(),
             events: EventQueues::default(),
@@ -307,7 +307,7 @@ impl<D: Device> Allocator<D> {
     pub(crate) fn unindex(&mut self, id: BlockId) {
         let block = &self.blocks[id];
         if block.indexed {
-            self.by_addr.remove(&block.addr);
+            self.by_addr.remove(block.addr);
         }
     }
 

@@ -39,6 +39,12 @@ impl BlockId {
         BlockId(core::num::NonZeroU32::new(index).expect("slot 0 holds no block"))
     }
 
+    /// Any id, for tests of tables that store ids.
+    #[cfg(test)]
+    pub(crate) fn for_test(n: u32) -> BlockId {
+        BlockId::new(n)
+    }
+
     /// The slab slot.
     #[inline]
     fn index(self) -> usize {

@@ -71,8 +71,8 @@ impl<D: Device> Allocator<D> {
     /// The live block at `addr`, or why there is none.
     #[inline(always)]
     fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {
-        match self.by_addr.get(&addr) {
-            Some(&id) if self.blocks[id].allocated => Ok(id),
+        match self.by_addr.get(addr) {
+            Some(id) if self.blocks[id].allocated => Ok(id),
             // A cached block (or one whose free waits on events): inside a segment.
             Some(_) => Err(FreeError::NotAllocated { addr }),
             None => Err(self.pointer_error(addr)),

@@ -15,6 +15,7 @@ extern crate alloc;
 #[cfg(test)]
 extern crate std;
 
+mod address_index;
 mod allocator;
 mod block;
 mod counters;
