@@ -9,10 +9,10 @@
 //! - current = peak − headroom;
 //! - freed = (current at the last accumulated reset) + allocated − current, since every change
 //!   since that reset is an increase or a decrease;
-//! - "all" current, allocated and freed are the sums of the pools';
-//! - "all" keeps a peak of its own (a peak of a sum is not the sum of peaks), and the slack
-//!   between it and the pools' peaks, which only a new peak moves: a change writes nothing of
-//!   "all" (see [`PoolCounters`]).
+//! - "all" allocated and freed are the sums of the pools';
+//! - "all" keeps a peak and headroom of its own (a peak of a sum is not the sum of peaks),
+//!   which every change moves with the pool's, tested with the pool's in one sign test (see
+//!   [`PoolCounters`]).
 //!
 //! `active` and `active_bytes` are not kept at all: a block is active while it is allocated or
 //! while its free waits on stream events, so they are `allocation` and `allocated_bytes` plus
@@ -171,74 +171,106 @@ impl Counter {
 
 /// One statistic kept per pool, reported for "all" and each pool: torch's `StatArray`.
 ///
-/// "All" is the sum of the pools, with a peak of its own (a peak of a sum is not the sum of
-/// peaks). Its headroom is `all_peak − small − large`, which is `slack` plus the two pools'
-/// headrooms, where `slack = all_peak − small peak − large peak` moves only with a new peak.
-/// So a change writes nothing of "all": an increase reads the other pool's headroom and the
-/// slack to see whether "all" passed its peak, and a decrease does nothing more.
+/// Kept field by field, each an array indexed by [`PoolKind::index`], so that a pool's field
+/// is one addressing mode away (a 40-byte [`Counter`] per pool cost a multiply-add of the
+/// index on every update). "All" is the sum of the pools with a peak of its own (a peak of a
+/// sum is not the sum of peaks), kept as its own [`Level`]: an increase subtracts from both
+/// headrooms and tests their union's sign once, a decrease adds to both.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolCounters {
-    /// Indexed by [`PoolKind::index`].
-    pools: [Counter; 2],
-    /// The peak of "all".
-    all_peak: i64,
-    /// `all_peak` less the pools' peaks (at most 0).
-    slack: i64,
+    headroom: [i64; 2],
+    /// The hot half of [`Counter::added`], per pool.
+    added: [u64; 2],
+    all: Level,
+    peak: [i64; 2],
+    wraps: [u64; 2],
+    base: [i64; 2],
 }
 
 impl PoolCounters {
     /// Increases `pool` (and so "all") by `n`.
     #[inline(always)]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
-        let raised = self.pools[pool.index()].increase(n);
-        self.rise_all(raised);
+        let i = pool.index();
+        let (sum, wrapped) = self.added[i].overflowing_add(n);
+        self.added[i] = sum;
+        if wrapped {
+            self.wraps[i] += 1;
+        }
+        self.rise(i, signed(n));
     }
 
     /// Decreases `pool` (and so "all") by `n`.
     #[inline(always)]
     pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
-        self.pools[pool.index()].decrease(n);
+        let n = signed(n);
+        let i = pool.index();
+        self.headroom[i] = self.headroom[i].wrapping_add(n);
+        self.all.fall(n);
     }
 
-    /// Applies a net change to `pool` (and so "all").
+    /// Applies a net change to `pool` (and so "all"), as one increase or one decrease.
     #[inline(always)]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
-        let raised = self.pools[pool.index()].apply(delta);
-        self.rise_all(raised);
+        let i = pool.index();
+        let (sum, wrapped) = self.added[i].overflowing_add(delta.max(0) as u64);
+        self.added[i] = sum;
+        if wrapped {
+            self.wraps[i] += 1;
+        }
+        self.rise(i, delta);
     }
 
-    /// After a pool's value rose and its peak by `raised`: moves the peak of "all" if the sum
-    /// passed it.
+    /// Adds `n` (negative: removes) to pool `i` and "all", moving either peak it passes: while
+    /// neither passes, two subtractions and one sign test.
     #[inline(always)]
-    fn rise_all(&mut self, raised: i64) {
-        if raised != 0 {
-            self.slack = self.slack.wrapping_sub(raised);
+    fn rise(&mut self, i: usize, n: i64) {
+        self.headroom[i] = self.headroom[i].wrapping_sub(n);
+        self.all.headroom = self.all.headroom.wrapping_sub(n);
+        if (self.headroom[i] | self.all.headroom) < 0 {
+            self.new_peak(i);
         }
-        let [small, large] = &self.pools;
-        let headroom = self
-            .slack
-            .wrapping_add(small.level.headroom)
-            .wrapping_add(large.level.headroom);
-        if headroom < 0 {
-            self.all_peak = self.all_peak.wrapping_sub(headroom);
-            self.slack = self.slack.wrapping_sub(headroom);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn new_peak(&mut self, i: usize) {
+        let mut pool = self.level(i);
+        pool.rise(0);
+        (self.peak[i], self.headroom[i]) = (pool.peak, pool.headroom);
+        self.all.rise(0);
+    }
+
+    fn level(&self, i: usize) -> Level {
+        Level {
+            peak: self.peak[i],
+            headroom: self.headroom[i],
+        }
+    }
+
+    /// Pool `i` as a [`Counter`] (a copy), for the derivations.
+    fn pool(&self, i: usize) -> Counter {
+        Counter {
+            level: self.level(i),
+            added: self.added[i],
+            wraps: self.wraps[i],
+            base: self.base[i],
         }
     }
 
     /// The current value for all pools together.
     #[inline]
     pub(crate) fn all_current(&self) -> i64 {
-        let [small, large] = &self.pools;
-        small.current().wrapping_add(large.current())
+        self.all.current()
     }
 
     /// torch's `StatArray` for this statistic.
     pub(crate) fn report(&self) -> StatArray {
-        let [small, large] = &self.pools;
+        let (small, large) = (self.pool(0), self.pool(1));
         StatArray {
             all: Stat {
                 current: self.all_current(),
-                peak: self.all_peak,
+                peak: self.all.peak,
                 allocated: total(small.total_added() as i128 + large.total_added() as i128),
                 freed: total(small.freed() + large.freed()),
             },
@@ -248,13 +280,19 @@ impl PoolCounters {
     }
 
     fn reset_peak(&mut self) {
-        self.pools.iter_mut().for_each(Counter::reset_peak);
-        self.all_peak = self.all_current();
-        self.slack = 0;
+        for i in 0..2 {
+            self.peak[i] = self.level(i).current();
+            self.headroom[i] = 0;
+        }
+        self.all.reset_peak();
     }
 
     fn reset_accumulated(&mut self) {
-        self.pools.iter_mut().for_each(Counter::reset_accumulated);
+        for i in 0..2 {
+            self.added[i] = 0;
+            self.wraps[i] = 0;
+            self.base[i] = self.level(i).current();
+        }
     }
 }
 
@@ -303,7 +341,7 @@ impl Pending {
     #[inline(never)]
     fn note_peak(&mut self, pool: PoolKind, allocated: &PoolCounters) {
         let i = pool.index();
-        self.peak[i] = self.peak[i].max(allocated.pools[i].current() + self.current[i]);
+        self.peak[i] = self.peak[i].max(allocated.pool(i).current() + self.current[i]);
         self.peak[2] = self.peak[2].max(allocated.all_current() + self.all());
     }
 
@@ -319,7 +357,7 @@ impl Pending {
 
     fn reset_peak(&mut self, allocated: &PoolCounters) {
         for i in 0..2 {
-            self.peak[i] = allocated.pools[i].current() + self.current[i];
+            self.peak[i] = allocated.pool(i).current() + self.current[i];
         }
         self.peak[2] = self.active(allocated);
     }
@@ -332,10 +370,10 @@ impl Pending {
     fn report(&self, allocated: &PoolCounters) -> StatArray {
         // Active's decreases: allocated's, plus what stopped pending, less what started.
         let freed = |i: usize| {
-            allocated.pools[i].freed() + i128::from(self.base[i]) - i128::from(self.current[i])
+            allocated.pool(i).freed() + i128::from(self.base[i]) - i128::from(self.current[i])
         };
         let pool = |i: usize| {
-            let a = &allocated.pools[i];
+            let a = allocated.pool(i);
             Stat {
                 current: a.current() + self.current[i],
                 peak: a.level.peak.max(self.peak[i]),
@@ -343,11 +381,11 @@ impl Pending {
                 freed: total(freed(i)),
             }
         };
-        let [small, large] = &allocated.pools;
+        let (small, large) = (allocated.pool(0), allocated.pool(1));
         StatArray {
             all: Stat {
                 current: self.active(allocated),
-                peak: allocated.all_peak.max(self.peak[2]),
+                peak: allocated.all.peak.max(self.peak[2]),
                 allocated: total(small.total_added() as i128 + large.total_added() as i128),
                 freed: total(freed(0) + freed(1)),
             },
@@ -600,7 +638,7 @@ mod tests {
         c.increase(PoolKind::Large, 10);
         c.decrease(PoolKind::Large, 4);
         // Close to the top: the "all" sum passes i64::MAX first, then the pool's own.
-        c.pools[1].added = i64::MAX as u64 - 3;
+        c.added[1] = i64::MAX as u64 - 3;
         c.increase(PoolKind::Small, 5);
         let r = c.report();
         assert_eq!(
@@ -623,16 +661,16 @@ mod tests {
         );
         // Past u64::MAX increases the sum goes on: freed is reported as i64::MAX, and the
         // derivation stays exact (a reset of the totals shows it).
-        c.pools[1].added = u64::MAX - 1;
+        c.added[1] = u64::MAX - 1;
         c.increase(PoolKind::Large, 50);
         c.decrease(PoolKind::Large, 56);
         let r = c.report();
         assert_eq!(r.large_pool.freed, i64::MAX);
         assert_eq!(r.all.freed, i64::MAX);
         assert_eq!(r.large_pool.current, 0);
-        assert_eq!((c.pools[1].wraps, c.pools[1].added), (1, 48));
-        assert_eq!(c.pools[1].total_added(), u128::from(u64::MAX) + 49);
-        assert_eq!(c.pools[1].freed(), i128::from(u64::MAX) + 49);
+        assert_eq!((c.wraps[1], c.added[1]), (1, 48));
+        assert_eq!(c.pool(1).total_added(), u128::from(u64::MAX) + 49);
+        assert_eq!(c.pool(1).freed(), i128::from(u64::MAX) + 49);
         c.reset_accumulated();
         c.increase(PoolKind::Large, 7);
         c.decrease(PoolKind::Large, 3);
