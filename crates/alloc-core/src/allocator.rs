@@ -19,7 +19,11 @@ use crate::expandable::{ExpandableSegment, Parked};
 use crate::history::History;
 use crate::memory_saver::Saver;
 use crate::private_pool::{PoolSet, Pools};
-use crate::size::{self, PoolKind};
+use crate::size::{self, MAX_REQUEST, PoolKind};
+
+/// Padded request sizes from here on are refused as too large: every rounding of a smaller one
+/// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
+const MAX_PADDED: u64 = 1 << 63;
 use crate::stats::DeviceStats;
 use crate::stream_events::EventQueues;
 
@@ -140,8 +144,14 @@ pub struct Allocator<D: Device> {
     pub(crate) device: D,
     pub(crate) conf: AllocConf,
     /// Whether `conf` rounds any size to power-of-two divisions ([`size::divides`]): cached with
-    /// the configuration, as every malloc asks.
+    /// the configuration ([`Allocator::cache_conf`]), as every malloc asks.
     pub(crate) divides: bool,
+    /// The smallest oversize block (`max_split_size`, or `u64::MAX`, which no block reaches):
+    /// cached with the configuration, as every malloc and free asks.
+    oversize_from: u64,
+    /// The smallest request refused as too large: [`MAX_REQUEST`], or less where the device's
+    /// pad would take a padded size to 2^63 (rounding it would overflow). Every malloc asks.
+    pub(crate) request_limit: u64,
     pub(crate) facts: DeviceFacts,
     pub(crate) blocks: Blocks<D::Stream>,
     /// The default pools and the private pools, indexed by (set, kind).
@@ -201,7 +211,9 @@ impl<D: Device> Allocator<D> {
         };
         let mut allocator = Allocator {
             device,
-            divides: size::divides(&conf),
+            divides: false,
+            oversize_from: u64::MAX,
+            request_limit: MAX_REQUEST.min(MAX_PADDED.saturating_sub(facts.pad)),
             conf,
             facts,
             blocks: Blocks::default(),
@@ -224,6 +236,7 @@ impl<D: Device> Allocator<D> {
             host_queue: crate::oom_retry::HostQueue::None,
             notices: Notices::new(),
         };
+        allocator.cache_conf();
         if allocator.conf.garbage_collection_threshold.is_some() && total_memory.is_none() {
             allocator.notice(Notice::GcWithoutMemInfo);
         }
@@ -235,6 +248,12 @@ impl<D: Device> Allocator<D> {
         }
         allocator.apply_limits();
         allocator
+    }
+
+    /// Caches what every malloc asks of the configuration.
+    fn cache_conf(&mut self) {
+        self.divides = size::divides(&self.conf);
+        self.oversize_from = self.conf.max_split_size.unwrap_or(u64::MAX);
     }
 
     /// Records `n` once.
@@ -254,7 +273,7 @@ impl<D: Device> Allocator<D> {
         let was = self.conf.expandable_segments;
         let max_split_changed = self.conf.max_split_size != conf.max_split_size;
         self.conf = conf.clone();
-        self.divides = size::divides(conf);
+        self.cache_conf();
         self.stats.max_split_size = conf.max_split_size;
         if max_split_changed {
             self.recount_oversize();
@@ -453,6 +472,6 @@ impl<D: Device> Allocator<D> {
 
     /// Whether a block of `size` bytes is oversize (≥ `max_split_size`).
     pub(crate) fn is_oversize(&self, size: u64) -> bool {
-        self.conf.max_split_size.is_some_and(|m| size >= m)
+        size >= self.oversize_from
     }
 }

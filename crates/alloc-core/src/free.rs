@@ -25,9 +25,7 @@ impl<D: Device> Allocator<D> {
         let recorded = self.blocks[id].used_elsewhere
             && self.record_free_events(id).map_err(FreeError::Device)?;
         if self.history.is_some() {
-            let b = &self.blocks[id];
-            let (requested, stream) = (b.requested, b.stream);
-            self.record(Action::FreeRequested, addr, requested, Some(stream));
+            self.record_free(id, recorded);
         }
         let block = &self.blocks[id];
         let (pool, size) = (block.pool, block.size);
@@ -41,10 +39,24 @@ impl<D: Device> Allocator<D> {
             self.blocks[id].allocated = false;
             self.stats.start_pending(pool, size);
         } else {
-            // free_block clears `allocated` where it writes the record anyway.
-            self.free_block(id);
+            // return_block clears `allocated` where it writes the record anyway; the history
+            // has the free's completion already.
+            self.return_block(id);
         }
         Ok(())
+    }
+
+    /// The history entries of a free: requested, and completed unless it waits on events (the
+    /// last event's completion records that). One check of the history on the free path.
+    #[cold]
+    #[inline(never)]
+    fn record_free(&mut self, id: BlockId, waits: bool) {
+        let b = &self.blocks[id];
+        let (addr, requested, stream) = (b.addr, b.requested, b.stream);
+        self.record(Action::FreeRequested, addr, requested, Some(stream));
+        if !waits {
+            self.record(Action::FreeCompleted, addr, requested, Some(stream));
+        }
     }
 
     /// torch's `recordStream`: the allocation at `addr` is also used on `stream`.

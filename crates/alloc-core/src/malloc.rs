@@ -10,11 +10,7 @@ use crate::device::Device;
 use crate::error::AllocError;
 use crate::oom_retry::MallocStep;
 use crate::private_pool::{PoolId, PoolSet};
-use crate::size::{self, MAX_REQUEST, PoolKind};
-
-/// Padded request sizes from here on are refused as too large: every rounding of a smaller one
-/// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
-const MAX_PADDED: u64 = 1 << 63;
+use crate::size::{self, PoolKind};
 
 /// What the pool lookup of a malloc found.
 enum Lookup<S> {
@@ -128,18 +124,16 @@ impl<D: Device> Allocator<D> {
         stream: D::Stream,
         set: PoolSet,
     ) -> Result<Option<Request<D::Stream>>, AllocError<D::Error>> {
-        if size >= MAX_REQUEST {
-            return Err(AllocError::TooLarge { size });
-        }
         if size == 0 {
             return Ok(None);
         }
-        // With torch_npu's 32-byte pad the padded size stays far below 2^63; only an absurd pad
-        // (a `DeviceFacts` field, or a trace's `pad` line) gets there, and rounding it would
-        // overflow: refuse it like any other request beyond 1 EiB.
-        let Some(padded) = size.checked_add(self.facts.pad).filter(|&p| p < MAX_PADDED) else {
+        // Beyond 1 EiB, or where the pad would take the padded size to 2^63: with torch_npu's
+        // 32-byte pad that is never, but an absurd pad (a `DeviceFacts` field, or a trace's `pad`
+        // line) gets there, and rounding the padded size would overflow.
+        if size >= self.request_limit {
             return Err(AllocError::TooLarge { size });
-        };
+        }
+        let padded = size + self.facts.pad;
         self.process_events().map_err(AllocError::Device)?;
         let rounded = if self.divides {
             size::round_size(padded, &self.conf)

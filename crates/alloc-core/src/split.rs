@@ -175,13 +175,18 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
-    #[inline(always)]
     pub(crate) fn free_block(&mut self, id: BlockId) {
         if self.history.is_some() {
             let b = &self.blocks[id];
             let (addr, requested, stream) = (b.addr, b.requested, b.stream);
             self.record(Action::FreeCompleted, addr, requested, Some(stream));
         }
+        self.return_block(id);
+    }
+
+    /// [`Allocator::free_block`] but its history entry, which `free` records with its own.
+    #[inline(always)]
+    pub(crate) fn return_block(&mut self, id: BlockId) {
         let block = &self.blocks[id];
         let (pool, set, requested, mapped) = (block.pool, block.set, block.requested, block.mapped);
         let (below, above) = (block.prev, block.next);
