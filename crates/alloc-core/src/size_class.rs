@@ -26,15 +26,17 @@ const CLASSES: usize = 8 + 52 * 8;
 const WORDS: usize = CLASSES.div_ceil(64);
 
 /// The size class of a block size: monotone, so class order agrees with size order.
-#[inline]
+///
+/// With `units` = size / 512 and `exp` its highest set bit: below 8 units the class is `units`;
+/// from there `8 + 8 (exp − 3) + mantissa`, the mantissa being the 3 bits below the highest,
+/// which is `8 (exp − 3) + (units >> (exp − 3))` since that shift keeps the highest bit (8)
+/// with them. Taking `exp` of `units | 8` (at least 3) makes the one formula cover both
+/// ranges: no branch, one bit scan and one shift.
+#[inline(always)]
 fn class(size: u64) -> usize {
     let units = size >> 9;
-    if units < 8 {
-        return units as usize;
-    }
-    let exp = 63 - units.leading_zeros() as usize;
-    let mantissa = ((units >> (exp - 3)) & 7) as usize;
-    8 + (exp - 3) * 8 + mantissa
+    let shift = 60 - (units | 8).leading_zeros();
+    (8 * shift as usize) + (units >> shift) as usize
 }
 
 /// The free blocks of one stream of one pool, binned by size class. The bins are a fixed-size
@@ -226,6 +228,19 @@ mod tests {
         assert_eq!(class(4096 + 512), 9);
         assert_eq!(class(8192), 16);
         assert_eq!(class(u64::MAX), CLASSES - 1);
+        // 8 classes per power of two of units from 8 units (4 KiB) on; one per unit below.
+        for units in 0..8u64 {
+            assert_eq!(class(units * 512), units as usize);
+        }
+        for exp in 3..55usize {
+            let low = 1u64 << exp;
+            for mantissa in 0..8u64 {
+                let units = low + mantissa * (low >> 3);
+                let c = 8 + 8 * (exp - 3) + mantissa as usize;
+                assert_eq!(class(units * 512), c, "{units} units");
+                assert_eq!(class(units * 512 + 511), c, "{units} units + 511 bytes");
+            }
+        }
     }
 
     #[test]
