@@ -22,13 +22,13 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         let id = self.live_block(addr)?;
-        let recorded = self.blocks[id].used_elsewhere
-            && self.record_free_events(id).map_err(FreeError::Device)?;
+        // Read in one look at the record: recording events changes neither pool nor size.
+        let block = &self.blocks[id];
+        let (pool, size, used_elsewhere) = (block.pool, block.size, block.used_elsewhere);
+        let recorded = used_elsewhere && self.record_free_events(id).map_err(FreeError::Device)?;
         if self.history.is_some() {
             self.record_free(id, recorded);
         }
-        let block = &self.blocks[id];
-        let (pool, size) = (block.pool, block.size);
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if self.is_oversize(size) {
