@@ -23,7 +23,7 @@ const EMPTY: u64 = u64::MAX;
 /// 2^64 / φ, odd: multiplying by it spreads nearby keys over the top bits.
 const FIBONACCI: u64 = 0x9e37_79b9_7f4a_7c15;
 
-/// The slots of a new table, and of a cleared one.
+/// The slots of a new table (it grows by doubling and never shrinks, as hashbrown's map did).
 const MIN_SLOTS: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
