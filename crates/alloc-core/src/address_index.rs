@@ -170,7 +170,7 @@ impl AddressIndex {
 mod tests {
     use super::*;
     use crate::test_rng::xorshift;
-    use std::collections::HashMap;
+    use hashbrown::HashMap;
 
     fn id(n: u32) -> BlockId {
         BlockId::for_test(n)
@@ -205,9 +205,9 @@ mod tests {
         for step in 0..200_000u32 {
             let addr = (next() % 3_000) * 512;
             if next() % 5 < 3 {
-                if let std::collections::hash_map::Entry::Vacant(e) = model.entry(addr) {
+                if !model.contains_key(&addr) {
                     let value = id(step + 1);
-                    e.insert(value);
+                    model.insert(addr, value);
                     index.insert(addr, value);
                 }
             } else {

@@ -42,6 +42,17 @@ fn total(n: i128) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Adds `n` to a total of increases kept as 64 bits (`added`) and a count of their wraps: one
+/// add and a branch not taken.
+#[inline(always)]
+fn add_to_total(added: &mut u64, wraps: &mut u64, n: u64) {
+    let (sum, wrapped) = added.overflowing_add(n);
+    *added = sum;
+    if wrapped {
+        *wraps += 1;
+    }
+}
+
 /// A value and its peak, kept as the peak and the headroom below it (peak − current).
 ///
 /// Inside the allocator the value never leaves `0..=i64::MAX` (byte values are bounded by the
@@ -54,18 +65,13 @@ struct Level {
 
 impl Level {
     /// Adds `n` (negative: removes), moving the peak up if the value passes it: once a
-    /// workload has reached its peak, a subtraction and a sign test. Returns how far the peak
-    /// rose (0 but for a new peak).
+    /// workload has reached its peak, a subtraction and a sign test.
     #[inline(always)]
-    fn rise(&mut self, n: i64) -> i64 {
+    fn rise(&mut self, n: i64) {
         self.headroom = self.headroom.wrapping_sub(n);
         if self.headroom < 0 {
-            let raised = self.headroom.wrapping_neg();
-            self.peak = self.peak.wrapping_add(raised);
+            self.peak = self.peak.wrapping_sub(self.headroom);
             self.headroom = 0;
-            raised
-        } else {
-            0
         }
     }
 
@@ -102,10 +108,10 @@ pub(crate) struct Counter {
 impl Counter {
     /// torch's `increase_stat`.
     #[inline(always)]
-    pub(crate) fn increase(&mut self, n: u64) -> i64 {
+    pub(crate) fn increase(&mut self, n: u64) {
         let n = signed(n);
         self.add_total(n as u64);
-        self.level.rise(n)
+        self.level.rise(n);
     }
 
     /// torch's `decrease_stat`.
@@ -117,19 +123,15 @@ impl Counter {
     /// A signed net change as one increase or one decrease, as torch applies it; without
     /// branches on its sign (the sign of a merge's net change is data-dependent).
     #[inline(always)]
-    pub(crate) fn apply(&mut self, delta: i64) -> i64 {
+    pub(crate) fn apply(&mut self, delta: i64) {
         self.add_total(delta.max(0) as u64);
-        self.level.rise(delta)
+        self.level.rise(delta);
     }
 
     /// Adds `n` to the total of increases.
     #[inline(always)]
     fn add_total(&mut self, n: u64) {
-        let (sum, wrapped) = self.added.overflowing_add(n);
-        self.added = sum;
-        if wrapped {
-            self.wraps += 1;
-        }
+        add_to_total(&mut self.added, &mut self.wraps, n);
     }
 
     /// The total of increases since the accumulated reset.
@@ -192,11 +194,7 @@ impl PoolCounters {
     #[inline(always)]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
         let i = pool.index();
-        let (sum, wrapped) = self.added[i].overflowing_add(n);
-        self.added[i] = sum;
-        if wrapped {
-            self.wraps[i] += 1;
-        }
+        add_to_total(&mut self.added[i], &mut self.wraps[i], n);
         self.rise(i, signed(n));
     }
 
@@ -213,11 +211,7 @@ impl PoolCounters {
     #[inline(always)]
     pub(crate) fn apply(&mut self, pool: PoolKind, delta: i64) {
         let i = pool.index();
-        let (sum, wrapped) = self.added[i].overflowing_add(delta.max(0) as u64);
-        self.added[i] = sum;
-        if wrapped {
-            self.wraps[i] += 1;
-        }
+        add_to_total(&mut self.added[i], &mut self.wraps[i], delta.max(0) as u64);
         self.rise(i, delta);
     }
 
@@ -235,27 +229,30 @@ impl PoolCounters {
     #[cold]
     #[inline(never)]
     fn new_peak(&mut self, i: usize) {
-        let mut pool = self.level(i);
-        pool.rise(0);
-        (self.peak[i], self.headroom[i]) = (pool.peak, pool.headroom);
+        self.update_pool(i, |pool| pool.level.rise(0));
         self.all.rise(0);
-    }
-
-    fn level(&self, i: usize) -> Level {
-        Level {
-            peak: self.peak[i],
-            headroom: self.headroom[i],
-        }
     }
 
     /// Pool `i` as a [`Counter`] (a copy), for the derivations.
     fn pool(&self, i: usize) -> Counter {
         Counter {
-            level: self.level(i),
+            level: Level {
+                peak: self.peak[i],
+                headroom: self.headroom[i],
+            },
             added: self.added[i],
             wraps: self.wraps[i],
             base: self.base[i],
         }
+    }
+
+    /// Changes pool `i` through its [`Counter`], so that the rules off the hot path (a new
+    /// peak, the resets) are written once, in `Counter`.
+    fn update_pool(&mut self, i: usize, f: impl FnOnce(&mut Counter)) {
+        let mut c = self.pool(i);
+        f(&mut c);
+        (self.peak[i], self.headroom[i]) = (c.level.peak, c.level.headroom);
+        (self.added[i], self.wraps[i], self.base[i]) = (c.added, c.wraps, c.base);
     }
 
     /// The current value for all pools together.
@@ -281,17 +278,14 @@ impl PoolCounters {
 
     fn reset_peak(&mut self) {
         for i in 0..2 {
-            self.peak[i] = self.level(i).current();
-            self.headroom[i] = 0;
+            self.update_pool(i, Counter::reset_peak);
         }
         self.all.reset_peak();
     }
 
     fn reset_accumulated(&mut self) {
         for i in 0..2 {
-            self.added[i] = 0;
-            self.wraps[i] = 0;
-            self.base[i] = self.level(i).current();
+            self.update_pool(i, Counter::reset_accumulated);
         }
     }
 }
