@@ -11,8 +11,7 @@
 //!   since that reset is an increase or a decrease;
 //! - "all" allocated and freed are the sums of the pools';
 //! - "all" keeps a peak and headroom of its own (a peak of a sum is not the sum of peaks),
-//!   which every change moves with the pool's, tested with the pool's in one sign test (see
-//!   [`PoolCounters`]).
+//!   which every change moves with the pool's (see [`PoolCounters`]).
 //!
 //! `active` and `active_bytes` are not kept at all: a block is active while it is allocated or
 //! while its free waits on stream events, so they are `allocation` and `allocated_bytes` plus
@@ -22,6 +21,11 @@
 //! kept as 64 bits and a count of their wraps, a 128-bit sum no run can fill (every change is
 //! below 2^63), so the derivation is exact at any size; an increase adds to it with one add
 //! and a branch not taken.
+//!
+//! Each of those steps is one read-modify-write of memory whose flags feed its branch (`add`
+//! then `jc`, `sub` then `js`): an increase is six instructions. Testing two headrooms'
+//! signs at once (an `or` of both) needs both values in registers, and cost a load and a
+//! store more each, 16 instructions more a fenced pair.
 
 use crate::size::PoolKind;
 use crate::stats::{DeviceStats, Stat, StatArray};
@@ -49,8 +53,15 @@ fn add_to_total(added: &mut u64, wraps: &mut u64, n: u64) {
     let (sum, wrapped) = added.overflowing_add(n);
     *added = sum;
     if wrapped {
-        *wraps += 1;
+        count_wrap(wraps);
     }
+}
+
+/// Out of line and cold, so that the add's fall-through is the hot path.
+#[cold]
+#[inline(never)]
+fn count_wrap(wraps: &mut u64) {
+    *wraps += 1;
 }
 
 /// A value and its peak, kept as the peak and the headroom below it (peak − current).
@@ -177,7 +188,7 @@ impl Counter {
 /// is one addressing mode away (a 40-byte [`Counter`] per pool cost a multiply-add of the
 /// index on every update). "All" is the sum of the pools with a peak of its own (a peak of a
 /// sum is not the sum of peaks), kept as its own [`Level`]: an increase subtracts from both
-/// headrooms and tests their union's sign once, a decrease adds to both.
+/// headrooms and tests each one's sign, a decrease adds to both.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct PoolCounters {
     headroom: [i64; 2],
@@ -216,13 +227,16 @@ impl PoolCounters {
     }
 
     /// Adds `n` (negative: removes) to pool `i` and "all", moving either peak it passes: while
-    /// neither passes, two subtractions and one sign test.
+    /// neither passes, two subtractions of memory, each with a branch on its sign.
     #[inline(always)]
     fn rise(&mut self, i: usize, n: i64) {
         self.headroom[i] = self.headroom[i].wrapping_sub(n);
-        self.all.headroom = self.all.headroom.wrapping_sub(n);
-        if (self.headroom[i] | self.all.headroom) < 0 {
+        if self.headroom[i] < 0 {
             self.new_peak(i);
+        }
+        self.all.headroom = self.all.headroom.wrapping_sub(n);
+        if self.all.headroom < 0 {
+            self.new_all_peak();
         }
     }
 
@@ -230,6 +244,11 @@ impl PoolCounters {
     #[inline(never)]
     fn new_peak(&mut self, i: usize) {
         self.update_pool(i, |pool| pool.level.rise(0));
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn new_all_peak(&mut self) {
         self.all.rise(0);
     }
 
