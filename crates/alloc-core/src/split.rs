@@ -190,6 +190,9 @@ impl<D: Device> Allocator<D> {
         let block = &self.blocks[id];
         let (pool, set, requested, mapped) = (block.pool, block.set, block.requested, block.mapped);
         let (below, above) = (block.prev, block.next);
+        // First, so that `requested` is not kept live (in a register, or spilled) across the
+        // merges.
+        self.stats.requested_bytes.decrease(pool, requested);
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         // Merge with the block below first, then the one above, as torch does. The links are
@@ -227,7 +230,6 @@ impl<D: Device> Allocator<D> {
                 self.stats.inactive_split_bytes.apply(pool, net_bytes);
             }
         }
-        self.stats.requested_bytes.decrease(pool, requested);
     }
 
     /// torch's `try_merge_blocks`: folds the neighbour of `id` (the one above if `next`, else the
