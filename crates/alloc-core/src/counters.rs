@@ -24,8 +24,9 @@
 //!
 //! Each of those steps is one read-modify-write of memory whose flags feed its branch (`add`
 //! then `jc`, `sub` then `js`): an increase is six instructions. Testing two headrooms'
-//! signs at once (an `or` of both) needs both values in registers, and cost a load and a
-//! store more each, 16 instructions more a fenced pair.
+//! signs at once (an `or` of both) needs both values in registers: a load, the change and a
+//! store for each, 16 instructions more a fenced pair for the same work (the time is the
+//! same; the count is what callgrind compares).
 
 use crate::size::PoolKind;
 use crate::stats::{DeviceStats, Stat, StatArray};
