@@ -138,7 +138,9 @@ impl<S> Block<S> {
     /// Whether the block shares its segment with other blocks (torch's `is_split`).
     #[inline]
     pub(crate) fn is_split(&self) -> bool {
-        self.prev.is_some() || self.next.is_some()
+        // `|`, not `||`: each link's presence is data-dependent; one test of both is one
+        // branch to predict, or none where the answer is kept as a value.
+        self.prev.is_some() | self.next.is_some()
     }
 
     /// Whether the block is free and waits on nothing, so it may merge or be reused (torch's
