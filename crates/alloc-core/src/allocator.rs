@@ -20,12 +20,12 @@ use crate::history::History;
 use crate::memory_saver::Saver;
 use crate::private_pool::{PoolSet, Pools};
 use crate::size::{self, MAX_REQUEST, PoolKind};
+use crate::stats::DeviceStats;
+use crate::stream_events::EventQueues;
 
 /// Padded request sizes from here on are refused as too large: every rounding of a smaller one
 /// (power-of-two divisions, 2 MiB or 1 GiB segments) fits in 64 bits.
 const MAX_PADDED: u64 = 1 << 63;
-use crate::stats::DeviceStats;
-use crate::stream_events::EventQueues;
 
 /// Whose behaviour the policy follows where torch_npu and PyTorch's CUDA allocator differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -51,11 +51,9 @@ impl<D: Device> Allocator<D> {
     #[cold]
     #[inline(never)]
     fn record_free(&mut self, id: BlockId, waits: bool) {
-        let b = &self.blocks[id];
-        let (addr, requested, stream) = (b.addr, b.requested, b.stream);
-        self.record(Action::FreeRequested, addr, requested, Some(stream));
+        self.record_block(Action::FreeRequested, id);
         if !waits {
-            self.record(Action::FreeCompleted, addr, requested, Some(stream));
+            self.record_block(Action::FreeCompleted, id);
         }
     }
 

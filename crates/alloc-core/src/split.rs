@@ -177,9 +177,7 @@ impl<D: Device> Allocator<D> {
     /// torch's `free_block`: merge with idle neighbours, return to the pool, update stats.
     pub(crate) fn free_block(&mut self, id: BlockId) {
         if self.history.is_some() {
-            let b = &self.blocks[id];
-            let (addr, requested, stream) = (b.addr, b.requested, b.stream);
-            self.record(Action::FreeCompleted, addr, requested, Some(stream));
+            self.record_block(Action::FreeCompleted, id);
         }
         self.return_block(id);
     }
