@@ -2,9 +2,11 @@
 //! in the crate imports its locks and shared pointers from here, so `--cfg loom` swaps them all
 //! for loom's model-checked versions.
 //!
-//! [`Mutex::lock`] ignores poisoning (tokio's `loom/std/mutex.rs`): a panic while a device's
-//! allocator was locked cannot leave it half-updated in a way poisoning would catch better,
-//! since `alloc-core` only changes its state after each device call succeeds.
+//! [`Mutex`] is a compare-and-swap lock with a spin, yield and sleep wait, not `std`'s futex
+//! mutex: its release is a plain store (see its doc for why and what that costs). It has no
+//! poisoning (tokio's `loom/std/mutex.rs` ignores it too): a panic while a device's allocator
+//! was locked cannot leave it half-updated in a way poisoning would catch better, since
+//! `alloc-core` only changes its state after each device call succeeds.
 //!
 //! [`global`] holds the process-wide pieces at the API edge (the environment's configuration,
 //! the warn-once registry, backend ids). Loom never models them: no model reaches them.
@@ -24,29 +26,133 @@ pub(crate) use loom::thread_local;
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 
+/// A guard of [`Mutex`]: the lock is released when it drops.
 #[cfg(loom)]
-use loom::sync as inner;
+pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+/// A guard of [`Mutex`]: the lock is released when it drops (a plain store).
 #[cfg(not(loom))]
-use std::sync as inner;
+pub(crate) type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 
-/// A guard of [`Mutex`].
-pub(crate) type MutexGuard<'a, T> = inner::MutexGuard<'a, T>;
+#[cfg(loom)]
+type Inner<T> = loom::sync::Mutex<T>;
+#[cfg(not(loom))]
+type Inner<T> = spin::mutex::SpinMutex<T>;
 
-/// A mutex whose `lock` never fails: a poisoned lock is entered anyway.
+/// A mutex whose `lock` never fails (no poisoning), taken by one compare-and-swap and released
+/// by a plain store; a thread that finds it held spins briefly, then yields, then sleeps in
+/// growing steps ([`Backoff`]).
+///
+/// Not `std::sync::Mutex`: its release is an atomic swap, because it has to learn whether a
+/// waiter sleeps on the futex and wake it, and a malloc and a free each take a device's lock
+/// once, so that swap was about half of the runtime's own cost per cache-hit pair. Here nobody
+/// is woken: a sleeping waiter looks again when its sleep ends, at most [`Backoff::MAX_SLEEP`]
+/// after the release. The locks are held for microseconds on a cache hit, and across a device
+/// call (a segment's `aclrtMalloc`, a synchronize) only on the slow paths, where that wake-up
+/// delay is small against the call itself. Under contention it also avoids the futex's two
+/// system calls per hand-over (docs/performance.md, `runtime_threads`).
+///
+/// Under loom the lock is loom's model of a mutex, so the models check every interleaving of
+/// the runtime's own protocol; the compare-and-swap itself is the `spin` crate's.
 #[derive(Debug, Default)]
-pub(crate) struct Mutex<T>(inner::Mutex<T>);
+pub(crate) struct Mutex<T>(Inner<T>);
 
 impl<T> Mutex<T> {
     /// A new unlocked mutex holding `value`.
     pub(crate) fn new(value: T) -> Self {
-        Mutex(inner::Mutex::new(value))
+        Mutex(Inner::new(value))
     }
 
-    /// Locks, waiting as long as needed; poisoning is ignored.
+    /// Locks, waiting as long as needed; a panic while it was held does not poison it.
+    #[cfg(loom)]
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.0
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Locks, waiting as long as needed; a panic while it was held does not poison it.
+    #[cfg(not(loom))]
+    #[inline]
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        match self.0.try_lock() {
+            Some(guard) => guard,
+            None => self.lock_contended(),
+        }
+    }
+
+    /// [`Mutex::lock`] when the lock was held: wait by [`Backoff`], trying again only when the
+    /// lock reads free, so waiters do not keep taking its cache line from the holder.
+    #[cfg(not(loom))]
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) -> MutexGuard<'_, T> {
+        let mut backoff = Backoff::default();
+        loop {
+            if !self.0.is_locked() {
+                if let Some(guard) = self.0.try_lock() {
+                    return guard;
+                }
+            }
+            backoff.wait();
+        }
+    }
+}
+
+/// How a thread waits for a held [`Mutex`]: spin (short holds: a cache hit, another thread's
+/// free), then give the core away (the holder may be preempted, with more threads than
+/// cores), then sleep (a hold across a device call), each sleep twice the last up to
+/// [`Backoff::MAX_SLEEP`].
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+struct Backoff {
+    /// How many waits so far.
+    round: u32,
+}
+
+/// One wait of a [`Backoff`].
+#[cfg(not(loom))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// This many spin-loop hints.
+    Spin(u32),
+    /// `std::thread::yield_now`.
+    Yield,
+    /// `std::thread::sleep` for this long.
+    Sleep(std::time::Duration),
+}
+
+#[cfg(not(loom))]
+impl Backoff {
+    /// Rounds of spinning: 1, 2, 4, ... 64 hints (127 in all, a few microseconds).
+    const SPINS: u32 = 7;
+    /// Rounds of yielding after the spins.
+    const YIELDS: u32 = 10;
+    /// The first sleep; each later one doubles.
+    const FIRST_SLEEP: std::time::Duration = std::time::Duration::from_micros(16);
+    /// The longest sleep: a waiter sees a release at most this late.
+    const MAX_SLEEP: std::time::Duration = std::time::Duration::from_millis(1);
+
+    /// The next wait.
+    fn next(&mut self) -> Wait {
+        let round = self.round;
+        self.round = self.round.saturating_add(1);
+        if round < Self::SPINS {
+            return Wait::Spin(1 << round);
+        }
+        if round < Self::SPINS + Self::YIELDS {
+            return Wait::Yield;
+        }
+        let doublings = (round - Self::SPINS - Self::YIELDS).min(16);
+        Wait::Sleep((Self::FIRST_SLEEP * (1 << doublings)).min(Self::MAX_SLEEP))
+    }
+
+    /// Waits once.
+    fn wait(&mut self) {
+        match self.next() {
+            Wait::Spin(hints) => (0..hints).for_each(|_| core::hint::spin_loop()),
+            Wait::Yield => std::thread::yield_now(),
+            Wait::Sleep(time) => std::thread::sleep(time),
+        }
     }
 }
 
@@ -116,4 +222,81 @@ impl<T> OnceSlot<T> {
 pub(crate) mod global {
     pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
     pub(crate) use std::sync::{Mutex, OnceLock};
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn backoff_spins_then_yields_then_sleeps_doubling_up_to_a_millisecond() {
+        let mut backoff = Backoff::default();
+        let waits: Vec<Wait> = (0..26).map(|_| backoff.next()).collect();
+        let spins = [1, 2, 4, 8, 16, 32, 64].map(Wait::Spin);
+        assert_eq!(waits[..7], spins);
+        assert!(waits[7..17].iter().all(|w| *w == Wait::Yield));
+        let sleeps = [16, 32, 64, 128, 256, 512, 1000, 1000, 1000]
+            .map(|us| Wait::Sleep(Duration::from_micros(us)));
+        assert_eq!(waits[17..], sleeps);
+        // It never overflows, however long a waiter waits.
+        backoff.round = u32::MAX - 1;
+        assert_eq!(backoff.next(), Wait::Sleep(Backoff::MAX_SLEEP));
+        assert_eq!(backoff.next(), Wait::Sleep(Backoff::MAX_SLEEP));
+    }
+
+    #[test]
+    fn contending_threads_each_see_every_other_threads_writes() {
+        // A read-modify-write of plain data under the lock from four threads loses nothing.
+        let counter = Arc::new(Mutex::new((0u64, 0u64)));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let counter = Arc::clone(&counter);
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        let mut c = counter.lock();
+                        c.0 += 1;
+                        c.1 += t;
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(*counter.lock(), (80_000, 20_000 * (1 + 2 + 3)));
+    }
+
+    #[test]
+    fn a_sleeping_waiter_takes_the_lock_after_a_long_hold() {
+        let lock = Arc::new(Mutex::new(Vec::new()));
+        let mut held = lock.lock();
+        let waiter = {
+            let lock = Arc::clone(&lock);
+            std::thread::spawn(move || lock.lock().push("waiter"))
+        };
+        // Long enough for the waiter to reach its sleeps.
+        std::thread::sleep(Duration::from_millis(30));
+        held.push("holder");
+        drop(held);
+        waiter.join().unwrap();
+        assert_eq!(*lock.lock(), ["holder", "waiter"]);
+    }
+
+    #[test]
+    fn a_panic_while_held_does_not_poison() {
+        let lock = Arc::new(Mutex::new(1));
+        let panicked = {
+            let lock = Arc::clone(&lock);
+            std::thread::spawn(move || {
+                let _held = lock.lock();
+                panic!("while holding the lock");
+            })
+            .join()
+        };
+        assert!(panicked.is_err());
+        *lock.lock() += 1;
+        assert_eq!(*lock.lock(), 2);
+    }
 }
