@@ -5,9 +5,9 @@
 //! noise.
 //!
 //! `runtime_lock_floor` is what a runtime with this lock per device cannot go below: the same
-//! core pair plus two uncontended lock/unlock pairs of `spin`'s `SpinMutex` (the primitive under
-//! the runtime's device lock, `npu-runtime/src/sync.rs`; malloc and free each take it once),
-//! interleaved with the bare pair. Its ratio is the floor of `runtime_hit`'s on this machine.
+//! core pair plus two uncontended lock/unlock pairs of the runtime's lock (`RuntimeLock`,
+//! `npu-runtime/src/sync.rs`; malloc and free each take it once), interleaved with the bare
+//! pair. Its ratio is the floor of `runtime_hit`'s on this machine.
 
 // criterion_group! generates an undocumented function.
 #![allow(missing_docs)]
@@ -51,19 +51,18 @@ fn runtime_hit(c: &mut Criterion) {
 
     let (mut floor_core, _live) = cached_allocator(16);
     let (mut bare_core, _live) = cached_allocator(16);
-    let lock = spin::mutex::SpinMutex::<u64>::new(0);
+    let lock = npu_runtime::RuntimeLock::new(0u64);
     paired(
         c,
         "runtime_lock_floor",
         "core_hit/16",
         |i| {
-            // Each side of the pair takes the lock once, as the runtime's malloc and free do,
-            // by the compare-and-swap of the runtime's uncontended path.
-            *black_box(&lock).try_lock().unwrap() += 1;
+            // Each side of the pair takes the lock once, as the runtime's malloc and free do.
+            *black_box(&lock).lock() += 1;
             let p = floor_core
                 .malloc(black_box(hit_size(i as usize)), S0)
                 .unwrap();
-            *black_box(&lock).try_lock().unwrap() += 1;
+            *black_box(&lock).lock() += 1;
             floor_core.free(black_box(p)).unwrap();
         },
         |i| hit_pair(&mut bare_core, i),

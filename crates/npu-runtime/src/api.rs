@@ -250,7 +250,8 @@ where
     }
 
     /// Runs `f` on device `device` (opened on first use) under its lock: the embedder's own
-    /// calls on the device (tests complete simulated events this way).
+    /// calls on the device (tests complete simulated events this way). `f` must not call the
+    /// runtime: a malloc or free that needs the same device would wait for this lock forever.
     pub fn with_device<R>(&self, device: u32, f: impl FnOnce(&mut D) -> R) -> Result<R, D::Error> {
         let (dev, _) = self.opened_or_open(device)?;
         Ok(f(&mut dev.lock()))

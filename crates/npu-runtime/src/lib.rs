@@ -46,3 +46,7 @@ pub use error::RuntimeError;
 pub use history::DumpError;
 pub use scope::{MemPool, ScopeGuard};
 pub use summary::{ExpandableSummary, memory_summary};
+/// The runtime's lock, for the lock floor of `benches/runtime_hit.rs`; not part of the API.
+#[doc(hidden)]
+#[cfg(not(loom))]
+pub use sync::Mutex as RuntimeLock;
