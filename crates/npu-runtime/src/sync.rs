@@ -111,8 +111,11 @@ impl<T> Mutex<T> {
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, T> {
         use std::sync::atomic::Ordering::Relaxed;
-        if self.starving.load(Relaxed) == 0 {
-            if let Some(guard) = self.inner.try_lock() {
+        // The compare-and-swap first, the starving check after it on the line it owns now:
+        // runtime_hit 1.246 - 1.251 against 1.256 - 1.273 the other way round (3 rounds).
+        // Taken while a waiter starves, the lock is given straight back.
+        if let Some(guard) = self.inner.try_lock() {
+            if self.starving.load(Relaxed) == 0 {
                 self.count_take();
                 return guard;
             }
