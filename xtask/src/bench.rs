@@ -291,6 +291,19 @@ fn cases() -> Vec<Case> {
             }
         }
     }
+    // When the first of t threads finished against the last, in the same runs (1.0: they
+    // shared evenly; 1/t: they ran one after another).
+    for kind in ["same_device", "own_device"] {
+        for t in [2u64, 4] {
+            let name = if kind == "same_device" {
+                "runtime_threads_same_device_first_finish"
+            } else {
+                "runtime_threads_own_device_first_finish"
+            };
+            let id = format!("runtime_threads_{kind}/{t}/first_finish");
+            out.extend(Case::paired(name, &id, Some(t), None));
+        }
+    }
     if let Some(total) = median_ns("replay_streams/200000") {
         // Three streams, record_stream and events: reported in the same form.
         let baseline = replay_baseline();

@@ -89,8 +89,14 @@ impl Paired {
             self.a_first = !self.a_first;
             done = calls.end;
         }
-        self.samples.push((iters, time_a, time_b));
+        self.record(iters, time_a, time_b);
         time_a
+    }
+
+    /// Records a sample the caller timed itself: `calls` calls of each side, A's time and B's,
+    /// taken in the same run (as [`Paired::run`] takes them).
+    pub fn record(&mut self, calls: u64, time_a: Duration, time_b: Duration) {
+        self.samples.push((calls, time_a, time_b));
     }
 
     /// The medians over the measured samples; `None` before any.
