@@ -320,13 +320,13 @@ fn cases() -> Vec<Case> {
 
 fn print_table(cases: &[Case]) {
     println!(
-        "{:<30} {:>7} {:>10} {:<48} {:>10} {:>7} {:>7}",
+        "{:<41} {:>7} {:>10} {:<48} {:>10} {:>7} {:>7}",
         "case", "blocks", "ns", "baseline", "base ns", "ratio", "target"
     );
     for c in cases {
         let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
         println!(
-            "{:<30} {:>7} {:>10.1} {:<48} {:>10} {:>7} {:>7}",
+            "{:<41} {:>7} {:>10.1} {:<48} {:>10} {:>7} {:>7}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
             c.ns,
@@ -539,13 +539,13 @@ fn ranges(runs: &[Vec<Case>]) -> Vec<Range<'_>> {
 
 fn print_ranges(ranges: &[Range<'_>]) {
     println!(
-        "{:<30} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
+        "{:<41} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
         "case", "blocks", "ns", "baseline", "ratio", "target", "met"
     );
     for r in ranges {
         let c = r.first;
         println!(
-            "{:<30} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
+            "{:<41} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
             format!("{:.1} – {:.1}", r.ns.0, r.ns.1),
