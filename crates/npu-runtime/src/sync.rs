@@ -64,7 +64,7 @@ pub(crate) type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 /// themselves, and one that slept its way up to long steps during a long hold may lose to
 /// later ones. A strict rule (starving at the first overtake) made every hand-over wait for
 /// the other thread's backoff: two threads on one device then took 1.7 – 2.1 µs a pair,
-/// against 0.35 – 0.45 µs now and 0.55 – 0.69 µs with `std`'s mutex.
+/// against 0.35 – 0.70 µs now and 0.55 – 0.84 µs with `std`'s mutex (several runs each).
 ///
 /// Under loom the lock is loom's model of a mutex, so the models check the runtime's own
 /// protocol within their preemption bound; the compare-and-swap and the waiting are not
