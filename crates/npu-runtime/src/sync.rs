@@ -64,7 +64,7 @@ pub(crate) type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 /// themselves, and one that slept its way up to long steps during a long hold may lose to
 /// later ones. A strict rule (starving at the first overtake) made every hand-over wait for
 /// the other thread's backoff: two threads on one device then took 1.7 – 2.1 µs a pair,
-/// against 0.35 – 0.70 µs now and 0.55 – 0.84 µs with `std`'s mutex (several runs each).
+/// against 0.35 – 0.62 µs now and 0.55 – 0.84 µs with `std`'s mutex (several runs each).
 ///
 /// Under loom the lock is loom's model of a mutex, so the models check the runtime's own
 /// protocol within their preemption bound; the compare-and-swap and the waiting are not
@@ -416,7 +416,7 @@ mod tests {
                 // Takes by the busy thread between registering and this take (`after`
                 // counts this one): none, unless its fast path read the count of starving
                 // waiters just before this thread raised it. Without the rule it went on
-                // taking the lock, hundreds of thousands of times.
+                // taking the lock, millions of times.
                 worst = worst.max(after.wrapping_sub(at).wrapping_sub(1));
             }
         }
