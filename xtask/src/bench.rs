@@ -268,22 +268,17 @@ fn cases() -> Vec<Case> {
     }
     // Throughput of t threads against one: t × time(1) / time(t), where each time is one
     // thread's pair (all threads run the same number of pairs at once).
-    for kind in ["same_device", "own_device"] {
-        let name = format!("runtime_threads_{kind}");
-        let Some(one) = median_ns(&format!("{name}/1")) else {
+    for (bench, _) in THREAD_CASES {
+        let Some(one) = median_ns(&format!("{bench}/1")) else {
             continue;
         };
         for t in [2u32, 4] {
-            if let Some(ns) = median_ns(&format!("{name}/{t}")) {
+            if let Some(ns) = median_ns(&format!("{bench}/{t}")) {
                 out.push(Case {
-                    name: if kind == "same_device" {
-                        "runtime_threads_same_device"
-                    } else {
-                        "runtime_threads_own_device"
-                    },
+                    name: bench,
                     blocks: Some(u64::from(t)),
                     ns,
-                    baseline: Some(format!("{name}/1 (throughput ratio)")),
+                    baseline: Some(format!("{bench}/1 (throughput ratio)")),
                     baseline_ns: Some(one),
                     ratio: Some(f64::from(t) * one / ns),
                     target: None,
@@ -293,15 +288,10 @@ fn cases() -> Vec<Case> {
     }
     // When the first of t threads finished against the last, in the same runs (1.0: they
     // shared evenly; 1/t: they ran one after another).
-    for kind in ["same_device", "own_device"] {
+    for (bench, first_finish) in THREAD_CASES {
         for t in [2u64, 4] {
-            let name = if kind == "same_device" {
-                "runtime_threads_same_device_first_finish"
-            } else {
-                "runtime_threads_own_device_first_finish"
-            };
-            let id = format!("runtime_threads_{kind}/{t}/first_finish");
-            out.extend(Case::paired(name, &id, Some(t), None));
+            let id = format!("{bench}/{t}/first_finish");
+            out.extend(Case::paired(first_finish, &id, Some(t), None));
         }
     }
     if let Some(total) = median_ns("replay_streams/200000") {
@@ -318,15 +308,31 @@ fn cases() -> Vec<Case> {
     out
 }
 
+/// `runtime_threads`' two benches (criterion's name of each, one device shared or one each),
+/// with the name of the case that reports when their first thread finished.
+const THREAD_CASES: [(&str, &str); 2] = [
+    (
+        "runtime_threads_same_device",
+        "runtime_threads_same_device_first_finish",
+    ),
+    (
+        "runtime_threads_own_device",
+        "runtime_threads_own_device_first_finish",
+    ),
+];
+
+/// Width of the printed tables' case column: the longest case name.
+const NAME_WIDTH: usize = 41;
+
 fn print_table(cases: &[Case]) {
     println!(
-        "{:<41} {:>7} {:>10} {:<48} {:>10} {:>7} {:>7}",
+        "{:<NAME_WIDTH$} {:>7} {:>10} {:<48} {:>10} {:>7} {:>7}",
         "case", "blocks", "ns", "baseline", "base ns", "ratio", "target"
     );
     for c in cases {
         let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
         println!(
-            "{:<41} {:>7} {:>10.1} {:<48} {:>10} {:>7} {:>7}",
+            "{:<NAME_WIDTH$} {:>7} {:>10.1} {:<48} {:>10} {:>7} {:>7}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
             c.ns,
@@ -539,13 +545,13 @@ fn ranges(runs: &[Vec<Case>]) -> Vec<Range<'_>> {
 
 fn print_ranges(ranges: &[Range<'_>]) {
     println!(
-        "{:<41} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
+        "{:<NAME_WIDTH$} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
         "case", "blocks", "ns", "baseline", "ratio", "target", "met"
     );
     for r in ranges {
         let c = r.first;
         println!(
-            "{:<41} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
+            "{:<NAME_WIDTH$} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
             format!("{:.1} – {:.1}", r.ns.0, r.ns.1),
