@@ -18,6 +18,9 @@ pub(crate) use std::sync::Arc;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+/// The lock's counters: only ever relaxed, as they steer who tries, never what is ordered.
+#[cfg(not(loom))]
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -77,9 +80,9 @@ pub(crate) type MutexGuard<'a, T> = spin::mutex::SpinMutexGuard<'a, T>;
 #[repr(C)]
 pub struct Mutex<T> {
     /// Waiters that another thread overtook and that have not taken the lock yet.
-    starving: std::sync::atomic::AtomicU32,
+    starving: AtomicU32,
     /// How many times the lock was taken (modulo 2^32); written only by the holder.
-    taken: std::sync::atomic::AtomicU32,
+    taken: AtomicU32,
     inner: spin::mutex::SpinMutex<T>,
 }
 
@@ -117,7 +120,6 @@ impl<T> Mutex<T> {
     /// Locks, waiting as long as needed; a panic while it was held does not poison it.
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, T> {
-        use std::sync::atomic::Ordering::Relaxed;
         // The compare-and-swap first, then the starving test: runtime_hit 1.246 - 1.251
         // against 1.256 - 1.273 the other way round (3 interleaved rounds). Taken while a
         // waiter starves, the lock is given straight back.
@@ -133,7 +135,6 @@ impl<T> Mutex<T> {
     /// Counts a take; called by the new holder only, so a load and a store suffice.
     #[inline]
     fn count_take(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
         self.taken
             .store(self.taken.load(Relaxed).wrapping_add(1), Relaxed);
     }
@@ -144,7 +145,6 @@ impl<T> Mutex<T> {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) -> MutexGuard<'_, T> {
-        use std::sync::atomic::Ordering::Relaxed;
         let mut backoff = Backoff::default();
         let first_seen = self.taken.load(Relaxed);
         let mut starving = false;
