@@ -189,6 +189,18 @@ impl BestFit {
     }
 }
 
+/// xorshift64* from `seed`: deterministic, good enough to pick the synthetic traces' sizes
+/// and ids.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut rng = seed | 1;
+    move || {
+        rng ^= rng >> 12;
+        rng ^= rng << 25;
+        rng ^= rng >> 27;
+        rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
 /// A deterministic synthetic `.trace` of `ops` operations with the GPT-2 step's size mix: up to
 /// `max_live` live allocations, allocs and frees interleaved, on one stream, pad 0.
 pub fn synthetic_trace(ops: usize, max_live: usize, seed: u64) -> String {
@@ -197,14 +209,7 @@ pub fn synthetic_trace(ops: usize, max_live: usize, seed: u64) -> String {
         3072, 12288, 65536, 2359296, 589824, 9437184, 8519680, 25165824, 100663296, 30720000, 1024,
         37748736,
     ];
-    let mut rng = seed | 1;
-    let mut next = move || {
-        // xorshift64*: deterministic, good enough to pick sizes and ids.
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
+    let mut next = xorshift(seed);
     let mut out = String::with_capacity(ops * 16);
     out.push_str("# synthetic trace (alloc_trace::workload::synthetic_trace)\npad 0\n");
     let mut live: Vec<u32> = Vec::new();
@@ -235,13 +240,7 @@ pub fn synthetic_trace(ops: usize, max_live: usize, seed: u64) -> String {
 /// replay exercises events, pending frees and per-stream pools.
 pub fn synthetic_stream_trace(ops: usize, max_live: usize, seed: u64) -> String {
     const SIZES: [u64; 8] = [3072, 12288, 65536, 589824, 2359296, 8519680, 25165824, 1024];
-    let mut rng = seed | 1;
-    let mut next = move || {
-        rng ^= rng >> 12;
-        rng ^= rng << 25;
-        rng ^= rng >> 27;
-        rng.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    };
+    let mut next = xorshift(seed);
     let mut out = String::with_capacity(ops * 16);
     out.push_str(
         "# synthetic trace with streams (alloc_trace::workload::synthetic_stream_trace)\npad 0\n",

@@ -9,47 +9,19 @@
 
 use core::ffi::c_void;
 
-use acl_sys::{AclError, DevicePtr, HOST_COPY_SYMBOLS, HostMem, MemcpyKind};
+use acl_sys::{DevicePtr, HOST_COPY_SYMBOLS, HostMem, MemcpyKind};
 use alloc_core::{Device, VmmError};
-use npu_runtime::{AclDevice, AclPlatform};
 use testkit::fake_acl::{FakeAcl, Variant};
 
+mod fake_acl;
+use fake_acl::{GIB, INJECTED, MIB, VA_STRIDE, VA0, assert_injected, code, open, other};
+
 const KIB: u64 = 1 << 10;
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
 /// The fake's first segment on device 0.
 const SEG0: u64 = 0x1000_0000_0000;
-/// The fake's first reserved range on device 0, and the stride between devices.
-const VA0: u64 = 0x8000_0000_0000;
-const VA_STRIDE: u64 = 1 << 40;
 /// The fake's codes.
 const INVALID_PARAM: i32 = 100_000;
 const PARAM_INVALID: i32 = 107_000;
-
-/// The fake loaded through acl-sys, and device `index` opened on it.
-fn open(fake: &FakeAcl, index: u32) -> (AclPlatform, AclDevice) {
-    // SAFETY: the fake libascendcl built from this workspace.
-    let platform =
-        unsafe { AclPlatform::load(fake.path()) }.expect("load the fake through acl-sys");
-    let device = platform.open(index).unwrap();
-    (platform, device)
-}
-
-/// The ACL error of a [`VmmError::Other`].
-#[track_caller]
-fn other(e: VmmError<AclError>) -> AclError {
-    match e {
-        VmmError::Other(e) => e,
-        e => panic!("expected VmmError::Other, got {e:?}"),
-    }
-}
-
-/// The status code of a failed `acl-sys` call.
-#[track_caller]
-fn code<T: std::fmt::Debug>(result: Result<T, AclError>) -> i32 {
-    let e = result.unwrap_err();
-    e.code().unwrap_or_else(|| panic!("no status code: {e:?}"))
-}
 
 /// A host buffer's address as the fake logs it.
 fn addr(host: &HostMem) -> String {
@@ -287,18 +259,8 @@ fn injected_failures_are_other_errors_with_the_code_and_leak_nothing() {
     let seg = device.malloc(2 * MIB).unwrap();
     let data = pattern(4096, 0x33);
     fake.write_device(seg, &data).unwrap();
-    let fail = |name: &str| fake.fail_next(name, 507_899, 1);
-    let check = |e: VmmError<AclError>, function: &str| {
-        let e = other(e);
-        assert_eq!(e.code(), Some(507_899));
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "{function} failed with ACL error 507899 (ACL_ERROR_RT_DRV_INTERNAL_ERROR): \
-                 fake_acl: injected error 507899 in {function}"
-            )
-        );
-    };
+    let fail = |name: &str| fake.fail_next(name, INJECTED, 1);
+    let check = assert_injected;
 
     fail("aclrtMallocHost");
     check(device.alloc_host(4096).unwrap_err(), "aclrtMallocHost");

@@ -10,39 +10,11 @@ use acl_sys::{
     MemLocationType, MemMallocPolicy, PhysicalMem, PhysicalMemProp, VMM_SYMBOLS,
 };
 use alloc_core::{Device, DeviceError, VmmError};
-use npu_runtime::{AclDevice, AclPlatform};
+use npu_runtime::AclPlatform;
 use testkit::fake_acl::{FakeAcl, Variant};
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-/// The fake's first reserved range on device 0, and the stride between devices.
-const VA0: u64 = 0x8000_0000_0000;
-const VA_STRIDE: u64 = 1 << 40;
-
-/// The fake loaded through acl-sys, and device `index` opened on it.
-fn open(fake: &FakeAcl, index: u32) -> (AclPlatform, AclDevice) {
-    // SAFETY: the fake libascendcl built from this workspace.
-    let platform =
-        unsafe { AclPlatform::load(fake.path()) }.expect("load the fake through acl-sys");
-    let device = platform.open(index).unwrap();
-    (platform, device)
-}
-
-/// The ACL error of a [`VmmError::Other`].
-#[track_caller]
-fn other(e: VmmError<AclError>) -> AclError {
-    match e {
-        VmmError::Other(e) => e,
-        e => panic!("expected VmmError::Other, got {e:?}"),
-    }
-}
-
-/// The status code of a failed `acl-sys` call.
-#[track_caller]
-fn code<T: std::fmt::Debug>(result: Result<T, AclError>) -> i32 {
-    let e = result.unwrap_err();
-    e.code().unwrap_or_else(|| panic!("no status code: {e:?}"))
-}
+mod fake_acl;
+use fake_acl::{GIB, INJECTED, MIB, VA_STRIDE, VA0, assert_injected, code, open, other};
 
 /// `aclrtMallocPhysical`'s detailed log entry for a page of `size` bytes on `device`.
 fn malloc_physical(size: u64, mem_attr: u32, device: u32) -> String {
@@ -194,18 +166,8 @@ fn out_of_memory_from_malloc_physical_leaves_nothing_behind() {
 fn injected_failures_are_other_errors_with_the_code_and_leak_nothing() {
     let fake = FakeAcl::new(Variant::Full, GIB, 1);
     let (_platform, mut device) = open(&fake, 0);
-    let fail = |name: &str| fake.fail_next(name, 507_899, 1);
-    let check = |e: VmmError<AclError>, function: &str| {
-        let e = other(e);
-        assert_eq!(e.code(), Some(507_899));
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "{function} failed with ACL error 507899 (ACL_ERROR_RT_DRV_INTERNAL_ERROR): \
-                 fake_acl: injected error 507899 in {function}"
-            )
-        );
-    };
+    let fail = |name: &str| fake.fail_next(name, INJECTED, 1);
+    let check = assert_injected;
 
     fail("aclrtReserveMemAddress");
     check(
