@@ -6,18 +6,8 @@ use std::process::Command;
 
 use testkit::fake_acl::{Variant, fresh_copy};
 
-/// The cdylib cargo built next to this test (`<target>/<profile>/libnpu_alloc.so`).
-fn cdylib() -> PathBuf {
-    // `cargo test` leaves it in `<target>/<profile>/deps` (next to this test); `cargo build`
-    // also copies it to `<target>/<profile>`.
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps, deps.parent().unwrap()]
-        .iter()
-        .map(|dir| dir.join("libnpu_alloc.so"))
-        .find(|lib| lib.exists())
-        .expect("libnpu_alloc.so is built with the crate")
-}
+mod cdylib;
+use cdylib::cdylib;
 
 #[test]
 fn a_c_program_calls_every_export() {

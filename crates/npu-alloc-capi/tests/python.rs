@@ -8,19 +8,10 @@ use std::process::Command;
 use npu_runtime::{Config, NpuAllocator, Stream};
 use testkit::fake_acl::{FakeAcl, Variant, fresh_copy};
 
-const MIB: u64 = 1 << 20;
+mod cdylib;
+use cdylib::cdylib;
 
-fn cdylib() -> PathBuf {
-    // `cargo test` leaves it in `<target>/<profile>/deps` (next to this test); `cargo build`
-    // also copies it to `<target>/<profile>`.
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    [deps, deps.parent().unwrap()]
-        .iter()
-        .map(|dir| dir.join("libnpu_alloc.so"))
-        .find(|lib| lib.exists())
-        .expect("libnpu_alloc.so is built with the crate")
-}
+const MIB: u64 = 1 << 20;
 
 /// The stats of `python/tests`' `sequence` through the Rust API, as JSON.
 fn expected_stats() -> String {
