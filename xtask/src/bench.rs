@@ -27,7 +27,8 @@ pub(crate) struct Args {
     /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
     /// blocks, split/merge churn, runtime, and offset-allocator's) and of a replayed operation
     /// (both replay benches' traces) in the bench profile's build, counted by valgrind's
-    /// callgrind (steady where wall time on a shared machine is not).
+    /// callgrind (steady where wall time on a shared machine is not), then the fenced pairs'
+    /// ratio to offset-allocator's in instructions.
     #[arg(long)]
     instructions: bool,
 }
@@ -623,11 +624,36 @@ const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
 /// Hit pairs in the smaller run of a pair case.
 const PAIRS: u64 = 100_000;
 
-/// Prints the instructions of each hit pair of [`INSTRUCTION_CASES`].
+/// The fenced pairs against `offset-allocator`'s in instructions, by the labels of
+/// [`INSTRUCTION_CASES`]: the fenced target's ratio free of code layout, which on the
+/// development host moves the timed ratio by about ±10% (docs/performance.md).
+const INSTRUCTION_RATIOS: [(&str, &str, &str); 2] = [
+    (
+        "fenced core pair / offset-allocator's, 256 cached blocks",
+        "core hit pair, fenced, 256 cached blocks",
+        "offset-allocator pair, fenced, 256 blocks (the reference)",
+    ),
+    (
+        "fenced core pair at 65,536 cached blocks / offset-allocator's at 256",
+        "core hit pair, fenced, 65,536 cached blocks",
+        "offset-allocator pair, fenced, 256 blocks (the reference)",
+    ),
+];
+
+/// Prints the instructions of each hit pair of [`INSTRUCTION_CASES`], then the ratios of
+/// [`INSTRUCTION_RATIOS`].
 fn instruction_counts() -> Result<(), String> {
+    let mut counts = Vec::new();
     for (label, package, example, args, unit) in INSTRUCTION_CASES {
         let per_unit = instructions_per_unit(package, example, args, unit)?;
         println!("{label}: {per_unit:.1} instructions (callgrind)");
+        counts.push((label, per_unit));
+    }
+    let count = |label: &str| counts.iter().find(|c| c.0 == label).map(|c| c.1);
+    for (name, case, baseline) in INSTRUCTION_RATIOS {
+        if let (Some(n), Some(base)) = (count(case), count(baseline)) {
+            println!("{name}: {:.3} (instructions)", n / base);
+        }
     }
     Ok(())
 }
