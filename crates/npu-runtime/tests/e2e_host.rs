@@ -13,8 +13,8 @@ use acl_sys::{DevicePtr, HOST_COPY_SYMBOLS, HostMem, MemcpyKind};
 use alloc_core::{Device, VmmError};
 use testkit::fake_acl::{FakeAcl, Variant};
 
-mod fake_acl;
-use fake_acl::{GIB, INJECTED, MIB, VA_STRIDE, VA0, assert_injected, code, open, other};
+mod acl_e2e;
+use acl_e2e::{GIB, INJECTED, MIB, VA_STRIDE, VA0, assert_injected, code, open, other};
 
 const KIB: u64 = 1 << 10;
 /// The fake's first segment on device 0.

@@ -13,8 +13,8 @@ use alloc_core::{Device, DeviceError, VmmError};
 use npu_runtime::AclPlatform;
 use testkit::fake_acl::{FakeAcl, Variant};
 
-mod fake_acl;
-use fake_acl::{GIB, INJECTED, MIB, VA_STRIDE, VA0, assert_injected, code, open, other};
+mod acl_e2e;
+use acl_e2e::{GIB, INJECTED, MIB, VA_STRIDE, VA0, assert_injected, code, open, other};
 
 /// `aclrtMallocPhysical`'s detailed log entry for a page of `size` bytes on `device`.
 fn malloc_physical(size: u64, mem_attr: u32, device: u32) -> String {
