@@ -566,19 +566,24 @@ fn print_ranges(ranges: &[Range<'_>]) {
     }
 }
 
+/// The labels of the [`INSTRUCTION_CASES`] that [`INSTRUCTION_RATIOS`] divides.
+const FENCED_256: &str = "core hit pair, fenced, 256 cached blocks";
+const FENCED_65536: &str = "core hit pair, fenced, 65,536 cached blocks";
+const OFFSET_256: &str = "offset-allocator pair, fenced, 256 blocks (the reference)";
+
 /// What `--instructions` counts: (label, package, example, its arguments after the count, the
 /// unit: the count of the smaller of the two runs, and the divisor of their difference; a
 /// replay's smaller run replays the bench's trace once).
 const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
     (
-        "core hit pair, fenced, 256 cached blocks",
+        FENCED_256,
         "alloc-core",
         "hit_pairs",
         &["fenced", "256"],
         PAIRS,
     ),
     (
-        "core hit pair, fenced, 65,536 cached blocks",
+        FENCED_65536,
         "alloc-core",
         "hit_pairs",
         &["fenced", "65536"],
@@ -599,7 +604,7 @@ const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
         PAIRS,
     ),
     (
-        "offset-allocator pair, fenced, 256 blocks (the reference)",
+        OFFSET_256,
         "alloc-core",
         "hit_pairs",
         &["offset", "256"],
@@ -630,13 +635,13 @@ const PAIRS: u64 = 100_000;
 const INSTRUCTION_RATIOS: [(&str, &str, &str); 2] = [
     (
         "fenced core pair / offset-allocator's, 256 cached blocks",
-        "core hit pair, fenced, 256 cached blocks",
-        "offset-allocator pair, fenced, 256 blocks (the reference)",
+        FENCED_256,
+        OFFSET_256,
     ),
     (
         "fenced core pair at 65,536 cached blocks / offset-allocator's at 256",
-        "core hit pair, fenced, 65,536 cached blocks",
-        "offset-allocator pair, fenced, 256 blocks (the reference)",
+        FENCED_65536,
+        OFFSET_256,
     ),
 ];
 
@@ -649,11 +654,18 @@ fn instruction_counts() -> Result<(), String> {
         println!("{label}: {per_unit:.1} instructions (callgrind)");
         counts.push((label, per_unit));
     }
-    let count = |label: &str| counts.iter().find(|c| c.0 == label).map(|c| c.1);
+    let count = |label: &str| {
+        counts
+            .iter()
+            .find(|c| c.0 == label)
+            .map(|c| c.1)
+            .ok_or_else(|| format!("no instruction case {label:?}"))
+    };
     for (name, case, baseline) in INSTRUCTION_RATIOS {
-        if let (Some(n), Some(base)) = (count(case), count(baseline)) {
-            println!("{name}: {:.3} (instructions)", n / base);
-        }
+        println!(
+            "{name}: {:.3} (instructions)",
+            count(case)? / count(baseline)?
+        );
     }
     Ok(())
 }
