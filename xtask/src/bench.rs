@@ -26,9 +26,10 @@ pub(crate) struct Args {
     runs: u32,
     /// Only the instructions of each cache-hit malloc + free pair (fenced core at 256 and 65,536
     /// blocks, split/merge churn, runtime, and offset-allocator's) and of a replayed operation
-    /// (both replay benches' traces) in the bench profile's build, counted by valgrind's
-    /// callgrind (steady where wall time on a shared machine is not), then the fenced pairs'
-    /// ratio to offset-allocator's in instructions.
+    /// (both replay benches' traces, and the first one's allocs and frees on offset-allocator)
+    /// in the bench profile's build, counted by valgrind's callgrind (steady where wall time on
+    /// a shared machine is not), then the fenced pairs' and the replay's ratios to
+    /// offset-allocator's in instructions.
     #[arg(long)]
     instructions: bool,
 }
@@ -266,6 +267,18 @@ fn cases() -> Vec<Case> {
             baseline,
             Some(1.0),
         ));
+    }
+    // The same replay against its allocs and frees on offset-allocator, one whole replay each
+    // in turn: the replay's ratio to the reference of the hit pairs (no target). Per operation.
+    if let Some(mut case) = Case::paired(
+        "replay_vs_offset_allocator",
+        "replay_vs_offset_allocator/200000",
+        None,
+        None,
+    ) {
+        case.ns /= REPLAY_OPS;
+        case.baseline_ns = case.baseline_ns.map(|ns| ns / REPLAY_OPS);
+        out.push(case);
     }
     // Throughput of t threads against one: t × time(1) / time(t), where each time is one
     // thread's pair (all threads run the same number of pairs at once).
@@ -570,11 +583,13 @@ fn print_ranges(ranges: &[Range<'_>]) {
 const FENCED_256: &str = "core hit pair, fenced, 256 cached blocks";
 const FENCED_65536: &str = "core hit pair, fenced, 65,536 cached blocks";
 const OFFSET_256: &str = "offset-allocator pair, fenced, 256 blocks (the reference)";
+const REPLAY: &str = "replayed operation (replay)";
+const OFFSET_REPLAY: &str = "the replay's allocs and frees on offset-allocator (the reference)";
 
 /// What `--instructions` counts: (label, package, example, its arguments after the count, the
 /// unit: the count of the smaller of the two runs, and the divisor of their difference; a
 /// replay's smaller run replays the bench's trace once).
-const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
+const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 8] = [
     (
         FENCED_256,
         "alloc-core",
@@ -610,11 +625,12 @@ const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
         &["offset", "256"],
         PAIRS,
     ),
+    (REPLAY, "alloc-trace", "replay_n", &[], REPLAY_OPS as u64),
     (
-        "replayed operation (replay)",
+        OFFSET_REPLAY,
         "alloc-trace",
         "replay_n",
-        &[],
+        &["offset"],
         REPLAY_OPS as u64,
     ),
     (
@@ -629,10 +645,10 @@ const INSTRUCTION_CASES: [(&str, &str, &str, &[&str], u64); 7] = [
 /// Hit pairs in the smaller run of a pair case.
 const PAIRS: u64 = 100_000;
 
-/// The fenced pairs against `offset-allocator`'s in instructions, by the labels of
-/// [`INSTRUCTION_CASES`]: the fenced target's ratio free of code layout, which on the
-/// development host moves the timed ratio by about ±10% (docs/performance.md).
-const INSTRUCTION_RATIOS: [(&str, &str, &str); 2] = [
+/// The fenced pairs and the replay against `offset-allocator`'s in instructions, by the labels
+/// of [`INSTRUCTION_CASES`]: ratios free of code layout, which on the development host moves the
+/// timed fenced ratio by about ±10% (docs/performance.md).
+const INSTRUCTION_RATIOS: [(&str, &str, &str); 3] = [
     (
         "fenced core pair / offset-allocator's, 256 cached blocks",
         FENCED_256,
@@ -642,6 +658,11 @@ const INSTRUCTION_RATIOS: [(&str, &str, &str); 2] = [
         "fenced core pair at 65,536 cached blocks / offset-allocator's at 256",
         FENCED_65536,
         OFFSET_256,
+    ),
+    (
+        "replayed operation / offset-allocator's on the same allocs and frees",
+        REPLAY,
+        OFFSET_REPLAY,
     ),
 ];
 

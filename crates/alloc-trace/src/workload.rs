@@ -151,6 +151,90 @@ pub fn offset_units(size: u64) -> u32 {
     size.div_ceil(4096) as u32
 }
 
+/// The allocs and frees of a trace on offset-allocator (4 KiB units): the reference for replay
+/// throughput (`replay_vs_offset_allocator`). offset-allocator is O(1) and follows none of
+/// torch's rules: no exact best fit, no streams, no statistics, and its caller hands back the
+/// allocation it got instead of an address to look up. Every other line of the trace is left
+/// out.
+#[derive(Debug, Clone)]
+pub struct OffsetReplay {
+    ops: Vec<OffsetOp>,
+    /// Slots for the trace's ids: one more than the highest id index.
+    slots: usize,
+}
+
+/// One operation of an [`OffsetReplay`], on the slot of its trace id.
+#[derive(Debug, Clone, Copy)]
+enum OffsetOp {
+    Alloc { slot: u32, units: u32 },
+    Free { slot: u32 },
+}
+
+impl OffsetReplay {
+    /// The allocs and frees of `trace`, in order.
+    pub fn new(trace: &crate::Trace) -> OffsetReplay {
+        let slot = |id: crate::IdRef| u32::try_from(id.index()).expect("fewer than 2^32 ids");
+        let ops: Vec<OffsetOp> = trace
+            .ops
+            .iter()
+            .filter_map(|op| match op.kind {
+                // Checked here, outside the timing (the hit pairs' `offset_units` is not): a
+                // size beyond u32 units (16 TiB) saturates, and offset-allocator refuses it.
+                crate::OpKind::Alloc { id, size, .. } => Some(OffsetOp::Alloc {
+                    slot: slot(id),
+                    units: u32::try_from(size.div_ceil(4096)).unwrap_or(u32::MAX),
+                }),
+                crate::OpKind::Free { id } => Some(OffsetOp::Free { slot: slot(id) }),
+                _ => None,
+            })
+            .collect();
+        let slots = ops
+            .iter()
+            .map(|op| match *op {
+                OffsetOp::Alloc { slot, .. } | OffsetOp::Free { slot } => slot as usize + 1,
+            })
+            .max()
+            .unwrap_or(0);
+        OffsetReplay { ops, slots }
+    }
+
+    /// Replays the operations on a fresh allocator, as a replay starts from a fresh one, and
+    /// returns how many allocations it refused (a later free of their id is skipped).
+    pub fn run(&self) -> usize {
+        // Each live allocation and each free range between them takes a node: a node per slot
+        // and one more per slot are enough.
+        let nodes = u32::try_from(2 * self.slots + 16).expect("fewer than 2^31 ids");
+        let mut oa = offset_allocator::Allocator::<u32>::with_max_allocs(u32::MAX, nodes);
+        let mut live: Vec<Option<offset_allocator::Allocation<u32>>> = vec![None; self.slots];
+        let mut refused = 0;
+        for op in &self.ops {
+            match *op {
+                OffsetOp::Alloc { slot, units } => {
+                    let got = oa.allocate(units);
+                    refused += usize::from(got.is_none());
+                    live[slot as usize] = got;
+                }
+                OffsetOp::Free { slot } => {
+                    if let Some(a) = live[slot as usize].take() {
+                        oa.free(a);
+                    }
+                }
+            }
+        }
+        refused
+    }
+
+    /// The allocs and frees replayed.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
 /// A bare best-fit cache: an ordered set of free (size, address) and a hash map of live blocks.
 /// No streams, no split, no stats. The baseline every hit figure is divided by.
 #[derive(Debug, Default)]
@@ -347,6 +431,39 @@ mod tests {
         let report = crate::replay::replay(&trace, &setup).unwrap();
         assert!(report.counts.records > 100, "{}", report.counts.records);
         assert_eq!(report.counts.ooms, 0);
+    }
+
+    #[test]
+    fn offset_replay_runs_the_allocs_and_frees_and_counts_refusals() {
+        // Three 8 TiB requests: offset-allocator's 2^32 - 1 units of 4 KiB hold one of them,
+        // so two are refused and the free of `b` is skipped. `record`, `complete` and `stats`
+        // are left out.
+        let t8 = 8u64 << 40;
+        let text = format!(
+            "alloc a {t8}\nalloc b {t8}\nrecord a 1\ncomplete\nfree b\nalloc c {t8}\nfree a\n\
+             alloc d 4K\nalloc e 64M\nfree d\nstats\nfree e\n"
+        );
+        let trace = crate::parse::parse_str("t", &text).unwrap();
+        let replay = OffsetReplay::new(&trace);
+        assert_eq!(replay.len(), 9);
+        assert_eq!(replay.slots, 5);
+        assert_eq!(replay.run(), 2);
+        assert_eq!(replay.run(), 2, "each run starts from a fresh allocator");
+        let units = |size: u64| {
+            let trace = crate::parse::parse_str("t", &format!("alloc a {size}\n")).unwrap();
+            match OffsetReplay::new(&trace).ops[0] {
+                OffsetOp::Alloc { units, .. } => units,
+                OffsetOp::Free { .. } => unreachable!("an alloc"),
+            }
+        };
+        assert_eq!((units(1), units(4096), units(4097)), (1, 1, 2));
+        assert_eq!(units(1 << 60), u32::MAX, "saturates");
+        // The bench's trace fits.
+        let text = synthetic_trace(20_000, 256, 42);
+        let trace = crate::parse::parse_str("synthetic", &text).unwrap();
+        let replay = OffsetReplay::new(&trace);
+        assert_eq!(replay.len(), 20_000);
+        assert_eq!(replay.run(), 0);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct Paired {
     samples: Vec<(u64, Duration, Duration)>,
     /// Whether the next chunk times A first (alternates across samples too).
     a_first: bool,
+    /// Calls of each side timed between two clock reads.
+    chunk: u64,
 }
 
 /// What a [`Paired`] found: per-call times and the median of the per-sample ratios A / B.
@@ -64,11 +66,20 @@ pub struct PairedResult {
 impl Paired {
     /// A paired benchmark `id` (criterion's id of A) against the baseline named `baseline`.
     pub fn new(id: &str, baseline: &str) -> Self {
+        Paired::with_chunk(id, baseline, CHUNK)
+    }
+
+    /// [`Paired::new`] timing `chunk` calls of each side at a time: 1 for calls long enough
+    /// that the clock's cost is noise (a whole replay, milliseconds), so that a sample of a few
+    /// calls still alternates.
+    pub fn with_chunk(id: &str, baseline: &str, chunk: u64) -> Self {
+        assert!(chunk > 0, "a chunk holds at least one call");
         Paired {
             id: id.to_owned(),
             baseline: baseline.to_owned(),
             samples: Vec::new(),
             a_first: true,
+            chunk,
         }
     }
 
@@ -78,7 +89,7 @@ impl Paired {
         let (mut time_a, mut time_b) = (Duration::ZERO, Duration::ZERO);
         let mut done = 0;
         while done < iters {
-            let calls = done..done + CHUNK.min(iters - done);
+            let calls = done..done + self.chunk.min(iters - done);
             if self.a_first {
                 time_a += timed(&mut a, calls.clone());
                 time_b += timed(&mut b, calls.clone());
@@ -112,7 +123,7 @@ impl Paired {
             .unwrap_or(0);
         let full: Vec<_> = self.samples[start..]
             .iter()
-            .filter(|(n, _, b)| *n >= CHUNK && !b.is_zero())
+            .filter(|(n, _, b)| *n >= self.chunk && !b.is_zero())
             .collect();
         let per_call = |t: Duration, n: u64| t.as_secs_f64() * 1e9 / n as f64;
         let ns = median(full.iter().map(|&&(n, a, _)| per_call(a, n)).collect())?;
@@ -230,6 +241,36 @@ mod tests {
         assert!(
             close(r.baseline_ns, per_call(1.0)),
             "per call 1, 2, 1 ms / CHUNK"
+        );
+    }
+
+    #[test]
+    fn a_chunk_of_one_alternates_every_call_and_keeps_samples_of_one_call() {
+        let order = std::cell::RefCell::new(Vec::new());
+        let mut p = Paired::with_chunk("x", "y", 1);
+        p.run(
+            3,
+            |i| order.borrow_mut().push(('a', i)),
+            |i| order.borrow_mut().push(('b', i)),
+        );
+        assert_eq!(
+            order.into_inner(),
+            [('a', 0), ('b', 0), ('b', 1), ('a', 1), ('a', 2), ('b', 2)]
+        );
+        let ms = Duration::from_millis;
+        p.samples.clear();
+        p.record(1, ms(3), ms(2));
+        p.record(1, ms(4), ms(2));
+        p.record(1, ms(9), ms(3));
+        let r = p.result().unwrap();
+        assert_eq!(
+            r.samples, 3,
+            "samples of one call count with a chunk of one"
+        );
+        assert!(
+            (r.ratio - 2.0).abs() < 1e-9,
+            "ratios 1.5, 2, 3: {}",
+            r.ratio
         );
     }
 
