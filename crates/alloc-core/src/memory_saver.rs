@@ -20,7 +20,10 @@
 //! - `empty_cache` while paused: the tags' pools are held, so their segments stay, as torch
 //!   keeps a live `MemPool`'s cache;
 //! - out of memory while resuming: every segment this call mapped is unmapped again (its backup
-//!   kept), the tag stays paused and a later `resume` can still succeed.
+//!   kept), the tag stays paused and a later `resume` can still succeed;
+//! - out of host memory for a CPU backup while pausing: [`SaverError::HostOutOfMemory`]; the
+//!   segments paused so far stay paused, the rest stay mapped, and `pause(tag)` again retries
+//!   them.
 
 use alloc::collections::BTreeMap;
 use alloc::string::{String, ToString};
@@ -88,6 +91,16 @@ pub enum SaverError<E> {
         /// The segment that did not fit.
         bytes: u64,
     },
+    /// `pause` could not get host memory for the CPU backup of a segment of `bytes` bytes. The
+    /// segments it paused before stay paused; this one and those after it stay mapped, with
+    /// their bytes, and `pause(tag)` again retries them (`pause()` of every tag skips a tag
+    /// already marked paused).
+    HostOutOfMemory {
+        /// The tag being paused.
+        tag: String,
+        /// The segment whose backup did not fit.
+        bytes: u64,
+    },
     /// The device has no virtual memory or host copies.
     Unsupported,
     /// A device call failed; the books are exact and the call can be retried.
@@ -106,6 +119,12 @@ impl<E: fmt::Display> fmt::Display for SaverError<E> {
                 f,
                 "out of device memory resuming tag {tag:?} (a segment of {bytes} bytes); it stays \
                  paused"
+            ),
+            SaverError::HostOutOfMemory { tag, bytes } => write!(
+                f,
+                "out of host memory backing up tag {tag:?} (a segment of {bytes} bytes) while \
+                 pausing; that segment and those after it stay mapped, and pausing the tag again \
+                 retries them"
             ),
             SaverError::Unsupported => f.write_str(
                 "the memory saver needs virtual memory and host copies, which the device lacks",
@@ -278,10 +297,14 @@ impl<D: Device> Allocator<D> {
             // A segment left mapped by a failed resume still has its host buffer: reuse it.
             let mut buffer = match kept {
                 Some(buffer) => buffer,
-                None => self
-                    .device
-                    .alloc_host(size)
-                    .map_err(|e| saver_err(e, &tag, size))?,
+                None => self.device.alloc_host(size).map_err(|e| match e {
+                    // The host's memory, not the device's (`saver_err`'s out of memory).
+                    VmmError::OutOfMemory => SaverError::HostOutOfMemory {
+                        tag: tag.clone(),
+                        bytes: size,
+                    },
+                    e => saver_err(e, &tag, size),
+                })?,
             };
             if let Err(e) = self.device.copy_to_host(&mut buffer, addr, size) {
                 self.give_back_host(buffer);
@@ -359,16 +382,16 @@ impl<D: Device> Allocator<D> {
             return Err(saver_err(e, &tag, size));
         }
         let seg = &self.saver.segments[&addr];
-        if let Some(backup) = seg.backup.as_ref() {
-            if let Err(e) = self.device.copy_to_device(addr, backup, size) {
-                if self.device.unmap(addr, size).is_ok() {
-                    self.give_back_page(page);
-                } else {
-                    // Still mapped: keep the page there, so the books match the device.
-                    self.finish_resume(addr, page, &tag);
-                }
-                return Err(saver_err(e, &tag, size));
+        if let Some(backup) = seg.backup.as_ref()
+            && let Err(e) = self.device.copy_to_device(addr, backup, size)
+        {
+            if self.device.unmap(addr, size).is_ok() {
+                self.give_back_page(page);
+            } else {
+                // Still mapped: keep the page there, so the books match the device.
+                self.finish_resume(addr, page, &tag);
             }
+            return Err(saver_err(e, &tag, size));
         }
         self.finish_resume(addr, page, &tag);
         Ok(())

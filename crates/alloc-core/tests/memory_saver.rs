@@ -153,6 +153,47 @@ fn out_of_memory_while_resuming_leaves_nothing_mapped_and_can_be_retried() {
 }
 
 #[test]
+fn out_of_host_memory_while_pausing_keeps_the_rest_mapped_and_can_be_retried() {
+    let (mut a, [w1, w2, ..]) = rollout();
+    a.device_mut().write_bytes(w1, b"w1").unwrap();
+    a.device_mut().write_bytes(w2, b"w2").unwrap();
+    // The weights' two 20 MiB segments: the first one's backup fits, the second one's does not.
+    a.device_mut()
+        .fail_nth(DeviceCall::AllocHost, 2, Fault::OutOfMemory);
+    let e = a.pause(Some("weights")).unwrap_err();
+    assert_eq!(
+        e,
+        SaverError::HostOutOfMemory {
+            tag: "weights".into(),
+            bytes: 20 * MIB
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "out of host memory backing up tag \"weights\" (a segment of 20971520 bytes) while \
+         pausing; that segment and those after it stay mapped, and pausing the tag again retries \
+         them"
+    );
+    assert_eq!(a.saver_stats().paused_bytes.current, (20 * MIB) as i64);
+    assert_eq!(a.device().live_host_buffers(), 1);
+    // Marked paused: nothing more is handed out of it; pause() of every tag passes it over.
+    let weights = a.saver_pool("weights", true).unwrap();
+    assert!(matches!(
+        a.malloc_in(1000, S0, weights),
+        Err(AllocError::Paused { .. })
+    ));
+    assert_eq!(a.pause(None), Ok(30 * MIB), "the kv tag's segment only");
+    check_consistency(&a);
+    assert_eq!(a.pause(Some("weights")), Ok(20 * MIB));
+    assert_eq!(a.saver_stats().paused_bytes.current, (70 * MIB) as i64);
+    assert_eq!(a.resume(None), Ok(70 * MIB));
+    assert_eq!(a.device().read_bytes(w1, 2).unwrap(), b"w1");
+    assert_eq!(a.device().read_bytes(w2, 2).unwrap(), b"w2");
+    assert_eq!(a.device().live_host_buffers(), 0);
+    check_consistency(&a);
+}
+
+#[test]
 fn failed_device_calls_leave_the_books_exact() {
     for call in [
         DeviceCall::Synchronize,

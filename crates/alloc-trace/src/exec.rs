@@ -148,6 +148,9 @@ pub struct OpCounts {
     pub resumes: u64,
     /// `resume` operations that ran out of device memory (the tag stays paused).
     pub resume_ooms: u64,
+    /// `pause` operations that ran out of host memory for a CPU backup (what they had not
+    /// reached stays mapped).
+    pub pause_ooms: u64,
 }
 
 /// Where one trace id stands.
@@ -1294,6 +1297,7 @@ impl Executor {
                 Ok(_) if pause => self.counts.pauses += 1,
                 Ok(_) => self.counts.resumes += 1,
                 Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
+                Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
                 Err(SaverError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
                 Err(e) => return Err(ExecError::Saver(e)),
             },
@@ -1569,10 +1573,11 @@ impl Executor {
         let must_fail = surfacing(&counted, flavour, &what)?;
         let tags = self.alloc.saver_stats().tags;
         let state = |t: &str| tags.iter().find(|x| x.tag == t).map(|x| x.paused);
-        let oom_fired = fired.iter().any(|f| {
-            matches!(f.call, DeviceCall::CreatePage | DeviceCall::AllocHost)
-                && f.fault == Fault::OutOfMemory
-        });
+        let oom_fired = |call: DeviceCall| {
+            fired
+                .iter()
+                .any(|f| f.call == call && f.fault == Fault::OutOfMemory)
+        };
         let ok = match &result {
             Ok(_) => must_fail.is_none(),
             Err(SaverError::Device(e)) => must_fail.as_ref() == Some(e),
@@ -1588,8 +1593,12 @@ impl Executor {
                     .sum();
                 let device = self.alloc.device();
                 let used = device.outstanding_bytes() + device.page_bytes();
-                oom_fired || used + device.device_overhead() + needed as u64 > device.capacity()
+                !pause
+                    && (oom_fired(DeviceCall::CreatePage)
+                        || used + device.device_overhead() + needed as u64 > device.capacity())
             }
+            // The simulated host never runs out: only an injected fault makes it.
+            Err(SaverError::HostOutOfMemory { .. }) => pause && oom_fired(DeviceCall::AllocHost),
             Err(_) => false,
         };
         if !ok {
@@ -1603,6 +1612,7 @@ impl Executor {
             Ok(_) if pause => self.counts.pauses += 1,
             Ok(_) => self.counts.resumes += 1,
             Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
+            Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
             Err(SaverError::Device(_)) => self.counts.device_errors += 1,
             Err(_) => {}
         }
@@ -1776,7 +1786,7 @@ impl Executor {
     /// A new allocation `[addr, addr + size)`: aligned, inside one device segment, overlapping
     /// no live allocation.
     fn check_new_range(&mut self, addr: u64, size: u64, what: &str) -> Result<(), CheckError> {
-        if addr == 0 || addr % 512 != 0 {
+        if addr == 0 || !addr.is_multiple_of(512) {
             return Err(broken(
                 Rule::BadAddress,
                 format!("{what} returned {addr:#x}"),
@@ -1784,21 +1794,21 @@ impl Executor {
         }
         let end = addr + size;
         let by_addr = &self.checks().by_addr;
-        if let Some((&a, &n)) = by_addr.range(..=addr).next_back() {
-            if a + n.max(1) > addr {
-                return Err(broken(
-                    Rule::Overlap,
-                    format!("{what} returned {addr:#x}, inside the live {a:#x} of {n} bytes"),
-                ));
-            }
+        if let Some((&a, &n)) = by_addr.range(..=addr).next_back()
+            && a + n.max(1) > addr
+        {
+            return Err(broken(
+                Rule::Overlap,
+                format!("{what} returned {addr:#x}, inside the live {a:#x} of {n} bytes"),
+            ));
         }
-        if let Some((&a, &n)) = by_addr.range(addr..).next() {
-            if a < end {
-                return Err(broken(
-                    Rule::Overlap,
-                    format!("{what} returned {addr:#x}, overlapping the live {a:#x} of {n} bytes"),
-                ));
-            }
+        if let Some((&a, &n)) = by_addr.range(addr..).next()
+            && a < end
+        {
+            return Err(broken(
+                Rule::Overlap,
+                format!("{what} returned {addr:#x}, overlapping the live {a:#x} of {n} bytes"),
+            ));
         }
         let device = self.alloc.device();
         if device.is_backed(addr, end) {

@@ -340,10 +340,11 @@ fn print_summary(path: &Path, conf: &str, report: &Report, seconds: f64) {
         );
         let c = &report.counts;
         say!(
-            "pauses / resumes    {} / {} ({} resumes out of memory, {} allocations refused \
-             while paused)",
+            "pauses / resumes    {} / {} ({} pauses out of host memory, {} resumes out of \
+             memory, {} allocations refused while paused)",
             c.pauses,
             c.resumes,
+            c.pause_ooms,
             c.resume_ooms,
             c.paused_refusals
         );

@@ -137,7 +137,8 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
     say!(
         "{name:<26} {} ops, {} allocs, {} OOMs, {} refused (>= 1 EiB), {} misuses, \
          {} faults ({} fired: {} device errors, {} absorbed), {} device mallocs, {} device frees, \
-         {} pauses, {} resumes ({} out of memory), {} allocations refused while paused, \
+         {} pauses ({} out of host memory), {} resumes ({} out of memory), \
+         {} allocations refused while paused, \
          {} drains, peak reserved {}, {:.2} s",
         c.ops,
         c.allocs,
@@ -151,6 +152,7 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
         r.device_mallocs,
         r.device_frees,
         c.pauses,
+        c.pause_ooms,
         c.resumes,
         c.resume_ooms,
         c.paused_refusals,
