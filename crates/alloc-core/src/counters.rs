@@ -548,7 +548,7 @@ mod tests {
 
     /// A pool from a random draw.
     fn pick_pool(draw: u64) -> PoolKind {
-        if draw % 2 == 0 {
+        if draw.is_multiple_of(2) {
             PoolKind::Small
         } else {
             PoolKind::Large
@@ -619,7 +619,7 @@ mod tests {
                     fast.allocated_bytes.decrease(pool, n);
                     model.allocation.decrease(pool, 1);
                     model.allocated_bytes.decrease(pool, n);
-                    if next() % 2 == 0 {
+                    if next().is_multiple_of(2) {
                         fast.start_pending(pool, n);
                         pending.push((pool, n));
                     } else {

@@ -537,10 +537,10 @@ impl<D: Device> Allocator<D> {
             .filter(|&id| self.blocks[id].is_expandable())
             .collect();
         for id in free {
-            if let Some(uid) = self.unmap_block(id)? {
-                if !self.blocks[uid].is_split() {
-                    self.release_expandable_segment(uid)?;
-                }
+            if let Some(uid) = self.unmap_block(id)?
+                && !self.blocks[uid].is_split()
+            {
+                self.release_expandable_segment(uid)?;
             }
         }
         Ok(())

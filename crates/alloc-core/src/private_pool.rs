@@ -188,10 +188,10 @@ impl<S> Pools<S> {
 
     /// Forgets the private pool of set `set`.
     pub(crate) fn remove(&mut self, set: PoolSet) {
-        if let Some(slot) = usize::from(set).checked_sub(1) {
-            if let Some(p) = self.private.get_mut(slot) {
-                *p = None;
-            }
+        if let Some(slot) = usize::from(set).checked_sub(1)
+            && let Some(p) = self.private.get_mut(slot)
+        {
+            *p = None;
         }
         while matches!(self.private.last(), Some(None)) {
             self.private.pop();

@@ -260,7 +260,7 @@ mod tests {
         for step in 0..20_000 {
             let size = 8192 + 512 * (next() % 16);
             let k = key(size, next() % 64 * 0x10_0000);
-            if next() % 2 == 0 {
+            if next().is_multiple_of(2) {
                 if let alloc::collections::btree_map::Entry::Vacant(e) = model.entry(k) {
                     e.insert(id);
                     classes.insert(k, id);

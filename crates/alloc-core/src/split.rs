@@ -148,7 +148,7 @@ impl<D: Device> Allocator<D> {
     fn align_base(&mut self, id: BlockId, size: u64) -> BlockId {
         let align = self.conf.base_addr_aligned;
         let block = &self.blocks[id];
-        if align == 0 || block.addr % align == 0 {
+        if align == 0 || block.addr.is_multiple_of(align) {
             return id;
         }
         let offset = align - block.addr % align;

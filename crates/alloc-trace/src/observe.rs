@@ -93,10 +93,10 @@ struct Watcher<'o, 'p> {
 impl Watch for Watcher<'_, '_> {
     fn before(&mut self, index: usize, exec: &mut Executor) {
         let alloc = exec.allocator_mut();
-        if index == 0 {
-            if let Some(max) = self.observe.history {
-                alloc.record_history(Some(max));
-            }
+        if index == 0
+            && let Some(max) = self.observe.history
+        {
+            alloc.record_history(Some(max));
         }
         if self.observe.history.is_some() {
             alloc.set_time(index as u64);
@@ -117,14 +117,14 @@ impl Watch for Watcher<'_, '_> {
             p.allocated = p.allocated.max(now.allocated);
             p.reserved = p.reserved.max(now.reserved);
             p.active = p.active.max(now.active);
-            if (index + 1) % self.stretch == 0 || index + 1 == self.n {
+            if (index + 1).is_multiple_of(self.stretch) || index + 1 == self.n {
                 self.observed.series.extend(self.stretch_peak.take());
             }
         }
-        if let Some(progress) = self.observe.progress {
-            if index % 4096 == 4095 {
-                progress(index as u64 + 1);
-            }
+        if let Some(progress) = self.observe.progress
+            && index % 4096 == 4095
+        {
+            progress(index as u64 + 1);
         }
     }
 

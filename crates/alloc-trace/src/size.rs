@@ -94,7 +94,7 @@ fn frac_bytes(digits: &str, shift: u32) -> Result<u128, SizeError> {
     }
     let f: u128 = digits.bytes().fold(0, |v, d| v * 10 + u128::from(d - b'0')); // < 10^30
     let five_k = 5u128.pow(k);
-    if f % five_k != 0 {
+    if !f.is_multiple_of(five_k) {
         return Err(SizeError::NotWhole);
     }
     Ok((f / five_k) << (shift - k)) // < 2^k * 2^(shift - k) = 2^shift

@@ -301,7 +301,7 @@ pub fn synthetic_trace(ops: usize, max_live: usize, seed: u64) -> String {
     let mut fresh = 0u32;
     for _ in 0..ops {
         let r = next();
-        let alloc = live.is_empty() || (live.len() < max_live && r % 2 == 0);
+        let alloc = live.is_empty() || (live.len() < max_live && r.is_multiple_of(2));
         if alloc {
             let id = dead.pop().unwrap_or_else(|| {
                 fresh += 1;
@@ -335,9 +335,9 @@ pub fn synthetic_stream_trace(ops: usize, max_live: usize, seed: u64) -> String 
     let mut written = 0;
     while written < ops {
         let r = next();
-        if r % 16 == 0 {
+        if r.is_multiple_of(16) {
             writeln!(out, "complete {}", (r >> 8) % 3).expect("writing to a String");
-        } else if live.is_empty() || (live.len() < max_live && r % 2 == 0) {
+        } else if live.is_empty() || (live.len() < max_live && r.is_multiple_of(2)) {
             let id = dead.pop().unwrap_or_else(|| {
                 fresh += 1;
                 fresh - 1
@@ -348,7 +348,7 @@ pub fn synthetic_stream_trace(ops: usize, max_live: usize, seed: u64) -> String 
             live.push((id, stream));
         } else {
             let (id, stream) = live.swap_remove((r >> 8) as usize % live.len());
-            if (r >> 24) % 4 == 0 {
+            if (r >> 24).is_multiple_of(4) {
                 writeln!(out, "record a{id} {}", (stream + 1) % 3).expect("writing to a String");
                 written += 1;
                 if written == ops {

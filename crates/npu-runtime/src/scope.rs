@@ -368,10 +368,10 @@ impl<D: Device> Drop for ScopeGuard<'_, D> {
         if !found {
             return;
         }
-        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(scope.device) {
-            if let Err(e) = a.with(|a| a.release_pool(scope.pool)) {
-                log_drop_error("end of scope", &e);
-            }
+        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(scope.device)
+            && let Err(e) = a.with(|a| a.release_pool(scope.pool))
+        {
+            log_drop_error("end of scope", &e);
         }
     }
 }

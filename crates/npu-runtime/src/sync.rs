@@ -123,11 +123,11 @@ impl<T> Mutex<T> {
         // The compare-and-swap first, then the starving test: runtime_hit 1.246 - 1.251
         // against 1.256 - 1.273 the other way round (3 interleaved rounds). Taken while a
         // waiter starves, the lock is given straight back.
-        if let Some(guard) = self.inner.try_lock() {
-            if self.starving.load(Relaxed) == 0 {
-                self.count_take();
-                return guard;
-            }
+        if let Some(guard) = self.inner.try_lock()
+            && self.starving.load(Relaxed) == 0
+        {
+            self.count_take();
+            return guard;
         }
         self.lock_contended()
     }
@@ -149,14 +149,15 @@ impl<T> Mutex<T> {
         let first_seen = self.taken.load(Relaxed);
         let mut starving = false;
         loop {
-            if (starving || self.starving.load(Relaxed) == 0) && !self.inner.is_locked() {
-                if let Some(guard) = self.inner.try_lock() {
-                    self.count_take();
-                    if starving {
-                        self.starving.fetch_sub(1, Relaxed);
-                    }
-                    return guard;
+            if (starving || self.starving.load(Relaxed) == 0)
+                && !self.inner.is_locked()
+                && let Some(guard) = self.inner.try_lock()
+            {
+                self.count_take();
+                if starving {
+                    self.starving.fetch_sub(1, Relaxed);
                 }
+                return guard;
             }
             if !starving && backoff.sleeps_next() && self.taken.load(Relaxed) != first_seen {
                 // Overtaken, and about to sleep: served before the threads that have not

@@ -277,10 +277,10 @@ impl<'a> Machine<'a> {
     }
 
     fn pop(&mut self) -> Result<Value, ReadError> {
-        if self.stack.len() > self.floor() {
-            if let Some(v) = self.stack.pop() {
-                return Ok(v);
-            }
+        if self.stack.len() > self.floor()
+            && let Some(v) = self.stack.pop()
+        {
+            return Ok(v);
         }
         Err(self.malformed("stack underflow"))
     }
@@ -316,7 +316,7 @@ impl<'a> Machine<'a> {
     }
 
     fn pairs(&self, items: &[Value]) -> Result<Vec<(Value, Value)>, ReadError> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(self.malformed("a dict's key without a value"));
         }
         Ok(items.chunks_exact(2).map(|kv| (kv[0], kv[1])).collect())
