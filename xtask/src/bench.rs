@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 /// Arguments of `cargo xtask bench`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Short warm-up and measurement times (about 25 seconds once built).
+    /// Short warm-up and measurement times (about 2 minutes once built).
     #[arg(long)]
     quick: bool,
     /// One JSON object per line instead of a table.
@@ -160,11 +160,11 @@ fn run_benches(quick: bool) -> bool {
     // Paired results of an earlier run (or of a bench since renamed) must not be read as this
     // run's.
     let paired = criterion_home().join("paired");
-    if let Err(e) = std::fs::remove_dir_all(&paired) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            eprintln!("bench: cannot clear {}: {e}", paired.display());
-            return false;
-        }
+    if let Err(e) = std::fs::remove_dir_all(&paired)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        eprintln!("bench: cannot clear {}: {e}", paired.display());
+        return false;
     }
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     BENCHES.iter().all(|(package, bench)| {

@@ -1320,7 +1320,28 @@ mod tests {
         assert_eq!(d.reserve_address(512), Err(VmmError::Unsupported));
         assert_eq!(d.create_page(2 * MIB), Err(VmmError::Unsupported));
         assert_eq!(d.unmap(0, 2 * MIB), Err(VmmError::Unsupported));
-        assert_eq!(d.calls(DeviceCall::ReserveAddress), 1);
+        assert_eq!(d.release_address(0, 2 * MIB), Err(VmmError::Unsupported));
+        // A page this device could not have made: refused, and handed back as it came.
+        let page = SimPage {
+            id: 0,
+            bytes: 2 * MIB,
+        };
+        assert_eq!(d.map(0, 2 * MIB, &page), Err(VmmError::Unsupported));
+        let (back, error) = d.release_page(page).unwrap_err();
+        assert_eq!(error, VmmError::Unsupported);
+        assert_eq!((back.id(), back.bytes), (0, 2 * MIB));
+        assert_eq!((d.live_pages(), d.mapped_bytes()), (0, 0));
+        assert_eq!(d.reserved_ranges().count(), 0);
+        for call in [
+            DeviceCall::ReserveAddress,
+            DeviceCall::CreatePage,
+            DeviceCall::Unmap,
+            DeviceCall::ReleaseAddress,
+            DeviceCall::Map,
+            DeviceCall::ReleasePage,
+        ] {
+            assert_eq!(d.calls(call), 1, "{call:?} counted once");
+        }
     }
 
     #[test]

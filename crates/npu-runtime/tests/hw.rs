@@ -114,7 +114,12 @@ fn memory_holds_data_and_record_stream_waits_for_the_stream() {
     }
     assert_eq!(back, data);
     rt.record_stream(a, side.into()).unwrap();
+    let active = stat(&rt, "active_bytes.all.current");
+    assert!(active >= n as i64);
     rt.free(a).unwrap();
+    // Pending on the side stream's event until an event poll sees it complete.
+    assert_eq!(stat(&rt, "active_bytes.all.current"), active);
+    assert_eq!(stat(&rt, "allocated_bytes.all.current"), 0);
     lib.synchronize_stream(side).unwrap();
     rt.process_events(0).unwrap();
     assert_eq!(stat(&rt, "active_bytes.all.current"), 0);

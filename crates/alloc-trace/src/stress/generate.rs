@@ -218,7 +218,8 @@ impl Generator {
 
     /// A device fault to inject. One in nine is a failed event record together with a failed
     /// synchronization, the pair that makes `free` itself fail (its fallback fails too). With
-    /// expandable segments, six in fifteen fail a virtual-memory call instead.
+    /// expandable segments or the memory saver's pools, six in fifteen fail a virtual-memory
+    /// call instead (with the saver's pools, half of the sixth a host-memory call).
     fn fault(&mut self) -> OpKind {
         let r = &mut self.rng;
         let code = r.pick(&[1, 100_000, 107_002, 507_899]);
