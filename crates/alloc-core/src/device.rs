@@ -51,7 +51,9 @@ pub enum VmmError<E> {
     /// The device or its driver has no virtual-memory calls (ACL 207000, or a `libascendcl`
     /// without the symbols).
     Unsupported,
-    /// No physical memory left for a page (ACL 207001): the request takes the out-of-memory path.
+    /// No memory left for the call: a physical page (`create_page`, ACL 207001; the request
+    /// takes the out-of-memory path), address space (`reserve_address`), or host memory
+    /// (`alloc_host`, for the memory saver's CPU backup).
     OutOfMemory,
     /// Any other failure, returned to the caller unchanged.
     Other(E),
@@ -61,7 +63,9 @@ impl<E: fmt::Display> fmt::Display for VmmError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             VmmError::Unsupported => f.write_str("the device has no virtual-memory support"),
-            VmmError::OutOfMemory => f.write_str("device out of memory for a physical page"),
+            VmmError::OutOfMemory => {
+                f.write_str("out of memory (a physical page, address space or host memory)")
+            }
             VmmError::Other(e) => write!(f, "device error: {e}"),
         }
     }

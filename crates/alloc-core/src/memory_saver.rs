@@ -103,7 +103,9 @@ pub enum SaverError<E> {
     },
     /// The device has no virtual memory or host copies.
     Unsupported,
-    /// A device call failed; the books are exact and the call can be retried.
+    /// A device call failed; the books are exact and the call can be retried. A failed `pause`
+    /// leaves the tag marked paused with its segments from the failed one on mapped:
+    /// `pause(tag)` retries them (`pause()` of every tag skips a tag already marked paused).
     Device(E),
 }
 
@@ -537,9 +539,12 @@ impl<D: Device> Allocator<D> {
                 MallocStep::Done(Ok(self.alloc_found_block(id, &req)))
             }
             Err(VmmError::Other(e)) => MallocStep::Done(Err(AllocError::Device(e))),
-            Err(VmmError::OutOfMemory | VmmError::Unsupported) => {
-                self.after_failed_segment(req, stage, None)
+            // The pool was made after a probe that failed with an error, and the device turns
+            // out to have no virtual memory: not a lack of memory, so no retry chain.
+            Err(VmmError::Unsupported) => {
+                MallocStep::Done(Err(AllocError::Pool(PoolError::NoVirtualMemory)))
             }
+            Err(VmmError::OutOfMemory) => self.after_failed_segment(req, stage, None),
         }
     }
 

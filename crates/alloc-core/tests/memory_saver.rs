@@ -264,6 +264,18 @@ fn a_device_without_virtual_memory_has_no_memory_saver() {
         a.saver_pool("kv", false),
         Err(alloc_core::PoolError::NoVirtualMemory)
     );
+    // A probe that fails with an error says nothing, so the pool is made; its first segment
+    // then finds no virtual memory: refused as such, not run through the out-of-memory chain.
+    a.device_mut()
+        .fail_nth(DeviceCall::ReserveAddress, 1, Fault::Error(507_899));
+    let kv = a.saver_pool("kv", false).unwrap();
+    assert_eq!(
+        a.malloc_in(1000, S0, kv),
+        Err(AllocError::Pool(alloc_core::PoolError::NoVirtualMemory))
+    );
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    check_consistency(&a);
 }
 
 #[test]
