@@ -23,7 +23,8 @@ typedef enum NpuAllocStatus {
    */
   NpuAllocStatus_InvalidArgument = -1,
   /**
-   * Out of memory after torch's whole retry chain (torch_npu's message in the last error).
+   * Out of memory after torch's whole retry chain (torch_npu's message in the last error),
+   * or a memory-saver resume (device) or pause (host, for a CPU backup) that found none.
    */
   NpuAllocStatus_OutOfMemory = -2,
   /**
@@ -31,7 +32,8 @@ typedef enum NpuAllocStatus {
    */
   NpuAllocStatus_UnknownPointer = -3,
   /**
-   * An ACL call failed (its code and name in the last error).
+   * An ACL call failed (its code and name in the last error), or the device does not report
+   * its total memory for a fraction below 1.
    */
   NpuAllocStatus_DeviceError = -4,
   /**
@@ -44,7 +46,7 @@ typedef enum NpuAllocStatus {
   NpuAllocStatus_NotInitialized = -6,
   /**
    * A private-pool or memory-saver call was refused (unknown or released pool, paused tag,
-   * a scope that is not open, ...).
+   * a scope that is not open, ...), or a snapshot holds a value its pickle cannot.
    */
   NpuAllocStatus_Refused = -7,
   /**
@@ -84,6 +86,9 @@ extern "C" {
  * torch_npu's pluggable `alloc`: `size` bytes on `device` for use on `stream`. NULL for a
  * zero-size request (no error) and on failure (the reason in the last error; for out of
  * memory, torch_npu's message).
+ *
+ * # Safety
+ * `stream` is NULL (the default stream) or a live `aclrtStream` of `device`.
  */
 void *npu_alloc_malloc(uintptr_t size, int device, void *stream);
 
@@ -97,7 +102,8 @@ void npu_alloc_free(void *ptr, uintptr_t _size, int _device, void *_stream);
 
 /**
  * `free(ptr)` with a status: [`NpuAllocStatus::UnknownPointer`] for a pointer this library did
- * not return or a double free (nothing changes). NULL does nothing.
+ * not return or a double free (nothing changes). NULL does nothing, and does not start the
+ * library.
  */
 enum NpuAllocStatus npu_alloc_free_checked(void *ptr);
 
@@ -118,8 +124,10 @@ void npu_alloc_reset(bool check_error);
 void npu_alloc_set_memory_fraction(double fraction, int device);
 
 /**
- * torch_npu's `base_alloc_fn(ptr, size)`: the start of the segment holding `ptr`, and its size
- * in `*size` (when `size` is not NULL); `ptr` itself when it is not a live allocation.
+ * torch_npu's `base_alloc_fn(ptr, size)`: for a live allocation `ptr` (an address
+ * `npu_alloc_malloc` returned and not freed, as torch's `get_allocated_block` finds it), the
+ * start of its segment, and the segment's size in `*size` (when `size` is not NULL); `ptr`
+ * itself, `*size` untouched, for any other address.
  *
  * # Safety
  * `size` is null or points at a writable `size_t`.
@@ -142,7 +150,11 @@ void npu_alloc_erase_stream(void *_ptr, const struct NpuAllocStreamRepr *_stream
 
 /**
  * `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is
- * reused only after the work queued on `stream` when it is freed has completed.
+ * reused only after the work queued on `stream` when it is freed has completed. A NULL `ptr`
+ * is [`NpuAllocStatus::InvalidArgument`].
+ *
+ * # Safety
+ * `stream` is NULL (the default stream) or a live `aclrtStream` of the block's device.
  */
 enum NpuAllocStatus npu_alloc_record_stream_handle(void *ptr, void *stream);
 
@@ -169,7 +181,8 @@ enum NpuAllocStatus npu_alloc_memory_stats(int device, char *buf, uintptr_t len,
 
 /**
  * This thread's last error as text, NUL-terminated, into `buf` (`len` bytes, truncated to fit;
- * NULL only asks). Returns the length the whole text needs, with the NUL.
+ * NULL only asks). Returns the length the whole text needs, with the NUL (0 only if npu-alloc
+ * panicked, which it catches).
  *
  * # Safety
  * `buf` is null or writable for `len` bytes.
@@ -191,8 +204,9 @@ enum NpuAllocStatus npu_alloc_mem_get_info(int device, uintptr_t *free, uintptr_
 enum NpuAllocStatus npu_alloc_set_per_process_memory_fraction(double fraction, int device);
 
 /**
- * `torch.npu.memory._set_allocator_settings(settings)` on every device. Warnings about the
- * string are logged once, as the runtime does.
+ * `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
+ * string (an unknown key, a bad value: the rest of the string still applies) is written to
+ * stderr.
  *
  * # Safety
  * `settings` is a NUL-terminated string.

@@ -18,6 +18,7 @@ saver, not ``torch.npu.memory``'s (docs/c-abi.md has the table).
 import contextlib
 import ctypes
 import json
+import operator
 import os
 import threading
 
@@ -115,29 +116,65 @@ def _last_error():
     return buf.value.decode("utf-8", "replace")
 
 
+# The exception a synchronize hook raised on this thread, until the call it failed reports.
+_hook_failure = threading.local()
+
+
+def _raise(error):
+    """Raises ``error``, caused by the exception a synchronize hook raised in the call."""
+    cause = getattr(_hook_failure, "exc", None)
+    _hook_failure.exc = None
+    if cause is not None:
+        raise error from cause
+    raise error
+
+
 def _check(status):
     if status != _OK:
-        message = _last_error()
-        raise (OutOfMemoryError if status == _OOM else NpuAllocError)(message, status)
+        _raise((OutOfMemoryError if status == _OOM else NpuAllocError)(_last_error(), status))
 
 
 def _text(s, what):
     if not isinstance(s, str):
         raise TypeError("%s must be a str, not %s" % (what, type(s).__name__))
+    if "\0" in s:
+        # C would read it only up to the NUL.
+        raise ValueError("%s contains a NUL character: %r" % (what, s))
     return s.encode("utf-8", "surrogatepass")
+
+
+def _int(value, what, low, high):
+    """``value`` as an int within [low, high]: ctypes would wrap one outside silently."""
+    value = operator.index(value)
+    if not low <= value <= high:
+        raise ValueError("%s must be in [%d, %d], got %d" % (what, low, high, value))
+    return value
+
+
+def _size(value, what="size"):
+    return _int(value, what, 0, (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1)
+
+
+def _device(device):
+    # A negative index is the library's to refuse (InvalidArgument); one beyond a C int is not.
+    return _int(device, "device", -(1 << 31), (1 << 31) - 1)
+
+
+def _address(value, what):
+    return _int(value, what, 0, (1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1)
 
 
 def malloc(size, device=0, stream=0):
     """``size`` bytes on ``device`` for ``stream`` (an ``aclrtStream`` handle as an int, 0 for
     the default stream); the address, 0 for size 0. Raises OutOfMemoryError with torch_npu's
     message."""
-    if size < 0:
-        raise ValueError("size must be >= 0, got %d" % size)
+    size, device = _size(size), _device(device)
+    stream = _address(stream, "stream")
     ptr = _load().npu_alloc_malloc(size, device, stream or None)
     if size and not ptr:
         message = _last_error()
         oom = "out of memory" in message
-        raise (OutOfMemoryError if oom else NpuAllocError)(message, _OOM if oom else _INVALID)
+        _raise((OutOfMemoryError if oom else NpuAllocError)(message, _OOM if oom else _INVALID))
     return ptr or 0
 
 
@@ -146,25 +183,30 @@ def free(ptr):
     raises NpuAllocError and changes nothing. 0 does nothing."""
     if not ptr:
         return
-    status = _load().npu_alloc_free_checked(ptr)
+    status = _load().npu_alloc_free_checked(_address(ptr, "ptr"))
     if status != _OK:
         raise NpuAllocError(_last_error(), status)
 
 
 def record_stream(ptr, stream):
     """``record_stream``: ``ptr`` is also used on ``stream`` (an ``aclrtStream`` handle)."""
+    ptr, stream = _address(ptr, "ptr"), _address(stream, "stream")
     _check(_load().npu_alloc_record_stream_handle(ptr, stream or None))
 
 
 def memory_stats(device=0):
     """torch's ``memory_stats()`` keys for ``device``, as a dict."""
-    lib = _load()
+    lib, device = _load(), _device(device)
     needed = ctypes.c_size_t(0)
-    status = lib.npu_alloc_memory_stats(device, None, 0, ctypes.byref(needed))
-    if status not in (_OK, _TOO_SMALL):
-        _check(status)
-    buf = ctypes.create_string_buffer(needed.value)
-    _check(lib.npu_alloc_memory_stats(device, buf, needed.value, ctypes.byref(needed)))
+    buf = None
+    while True:
+        size = needed.value
+        status = lib.npu_alloc_memory_stats(device, buf, size, ctypes.byref(needed))
+        if status != _TOO_SMALL:
+            break
+        # Another thread may have grown the stats in between: ask again with the new length.
+        buf = ctypes.create_string_buffer(needed.value)
+    _check(status)
     return json.loads(buf.value.decode())
 
 
@@ -176,6 +218,7 @@ def empty_cache():
 def mem_get_info(device=0):
     """``(free, total)`` device memory in bytes."""
     free_b, total = ctypes.c_size_t(), ctypes.c_size_t()
+    device = _device(device)
     _check(_load().npu_alloc_mem_get_info(device, ctypes.byref(free_b), ctypes.byref(total)))
     return free_b.value, total.value
 
@@ -184,7 +227,7 @@ def set_per_process_memory_fraction(fraction, device=0):
     """Limits the allocator on ``device`` to ``fraction`` of its memory (0 to 1)."""
     if not isinstance(fraction, (int, float)):
         raise TypeError("Invalid type for fraction argument, must be float")
-    _check(_load().npu_alloc_set_per_process_memory_fraction(float(fraction), device))
+    _check(_load().npu_alloc_set_per_process_memory_fraction(float(fraction), _device(device)))
 
 
 def set_allocator_settings(settings):
@@ -194,6 +237,7 @@ def set_allocator_settings(settings):
 
 def record_memory_history(enabled=True, max_entries=100000):
     """``_record_memory_history``: keeps the last ``max_entries`` trace entries per device."""
+    max_entries = _size(max_entries, "max_entries")
     _check(_load().npu_alloc_record_memory_history(bool(enabled), max_entries))
 
 
@@ -206,7 +250,7 @@ class MemPool:
     """torch's ``MemPool`` on ``device``: a private pool, given back by ``release()``."""
 
     def __init__(self, device=0):
-        self.device = device
+        self.device = _device(device)
         pid = ctypes.c_uint64()
         _check(_load().npu_alloc_mem_pool_create(device, ctypes.byref(pid)))
         self.id = (0, pid.value)
@@ -215,8 +259,10 @@ class MemPool:
     def release(self):
         """Drops the pool (torch's ``del pool``): its cache is emptied once nothing holds it."""
         if not self._released:
-            self._released = True
+            # Released only once it worked: a failed release (a failing synchronize hook) can
+            # be retried.
             _check(_load().npu_alloc_mem_pool_release(self.device, self.id[1]))
+            self._released = True
 
 
 @contextlib.contextmanager
@@ -233,6 +279,7 @@ def use_mem_pool(pool):
 def region(tag="default", enable_cpu_backup=False, device=0):
     """torch_memory_saver's ``region``: allocations of this thread inside the block can be
     paused and resumed at the same addresses (their bytes kept with ``enable_cpu_backup``)."""
+    device = _device(device)
     _check(_load().npu_alloc_region_begin(device, _text(tag, "tag"), bool(enable_cpu_backup)))
     try:
         yield
@@ -253,7 +300,8 @@ def resume(tag=None):
 def set_synchronize_hook(hook):
     """Calls ``hook(device)`` (device -1: every device) before memory goes back to the device;
     it must drain queued work and synchronize. None removes it. An exception in the hook counts
-    as a failure: nothing is given back."""
+    as a failure: nothing is given back, and the NpuAllocError of the call that ran the hook has
+    the hook's exception as its ``__cause__``."""
     if hook is None:
         _load().npu_alloc_set_synchronize_hook(_SYNC_HOOK())
         return
@@ -262,7 +310,8 @@ def set_synchronize_hook(hook):
         try:
             hook(device)
             return 0
-        except BaseException:  # a callback must not raise into C
+        except BaseException as exc:  # a callback must not raise into C
+            _hook_failure.exc = exc
             return 1
 
     cb = _SYNC_HOOK(call)

@@ -106,6 +106,19 @@ class Errors(unittest.TestCase):
         with self.assertRaises(npu_alloc.NpuAllocError) as e:
             npu_alloc.pause("never-used")
         self.assertEqual(e.exception.status, -7)
+        # Values ctypes would wrap or cut short are refused before C sees them.
+        for call in (
+            lambda: npu_alloc.malloc(2**64 + 4096),
+            lambda: npu_alloc.malloc(4096, device=2**32 + 1),
+            lambda: npu_alloc.free(-1),
+            lambda: npu_alloc.record_memory_history(True, 2**64),
+            lambda: npu_alloc.pause("kv\0junk"),
+            lambda: npu_alloc.dump_snapshot("snap.pickle\0.ignored"),
+        ):
+            with self.assertRaises(ValueError):
+                call()
+        with self.assertRaises(TypeError):
+            npu_alloc.malloc(4096.0)
         pool = npu_alloc.MemPool()
         with npu_alloc.use_mem_pool(pool):
             q = npu_alloc.malloc(1000)
@@ -171,7 +184,20 @@ class Hook(unittest.TestCase):
             with self.assertRaises(npu_alloc.NpuAllocError) as e:
                 npu_alloc.empty_cache()
             self.assertIn("synchronize hook failed", str(e.exception))
+            self.assertIsInstance(e.exception.__cause__, RuntimeError)
+            self.assertEqual(str(e.exception.__cause__), "queue not drained")
             self.assertEqual(FAKE.fake_acl_calls(b"aclrtFree"), frees)
+            # A pool whose release failed can be released again.
+            pool = npu_alloc.MemPool()
+            with self.assertRaises(npu_alloc.NpuAllocError):
+                pool.release()
+            with npu_alloc.use_mem_pool(pool):
+                pass
+            npu_alloc.set_synchronize_hook(None)
+            pool.release()
+            with self.assertRaises(npu_alloc.NpuAllocError):
+                with npu_alloc.use_mem_pool(pool):
+                    pass
         finally:
             npu_alloc.set_synchronize_hook(None)
 

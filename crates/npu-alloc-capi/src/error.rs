@@ -16,18 +16,20 @@ pub enum NpuAllocStatus {
     /// A null pointer where one is required, a device out of range, a fraction outside
     /// [0, 1] (NaN included), a string that is not UTF-8.
     InvalidArgument = -1,
-    /// Out of memory after torch's whole retry chain (torch_npu's message in the last error).
+    /// Out of memory after torch's whole retry chain (torch_npu's message in the last error),
+    /// or a memory-saver resume (device) or pause (host, for a CPU backup) that found none.
     OutOfMemory = -2,
     /// A pointer this library did not return, or one already freed.
     UnknownPointer = -3,
-    /// An ACL call failed (its code and name in the last error).
+    /// An ACL call failed (its code and name in the last error), or the device does not report
+    /// its total memory for a fraction below 1.
     DeviceError = -4,
     /// The caller's buffer is too small; the needed length was written.
     BufferTooSmall = -5,
     /// The library could not start: `libascendcl.so` was not found or `aclInit` failed.
     NotInitialized = -6,
     /// A private-pool or memory-saver call was refused (unknown or released pool, paused tag,
-    /// a scope that is not open, ...).
+    /// a scope that is not open, ...), or a snapshot holds a value its pickle cannot.
     Refused = -7,
     /// A file could not be written.
     IoError = -8,
@@ -70,20 +72,25 @@ impl Fail {
 
 impl From<RuntimeError<AclError>> for Fail {
     fn from(e: RuntimeError<AclError>) -> Fail {
-        use alloc_core::{AllocError, FreeError};
+        use alloc_core::{AllocError, FractionError, FreeError, SaverError};
         let status = match &e {
-            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. }) => {
-                NpuAllocStatus::OutOfMemory
-            }
+            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. })
+            | RuntimeError::Saver(
+                SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. },
+            ) => NpuAllocStatus::OutOfMemory,
             RuntimeError::Free(
                 FreeError::ForeignPointer { .. } | FreeError::NotAllocated { .. },
             ) => NpuAllocStatus::UnknownPointer,
-            RuntimeError::InvalidDevice { .. } | RuntimeError::Fraction(_) => {
+            RuntimeError::InvalidDevice { .. }
+            | RuntimeError::Fraction(FractionError::OutOfRange(_)) => {
                 NpuAllocStatus::InvalidArgument
             }
-            RuntimeError::Pool(_) | RuntimeError::Saver(_) | RuntimeError::ScopeNotOpen => {
-                NpuAllocStatus::Refused
-            }
+            RuntimeError::Saver(SaverError::Device(_)) => NpuAllocStatus::DeviceError,
+            RuntimeError::Pool(_)
+            | RuntimeError::Saver(_)
+            | RuntimeError::ScopeNotOpen
+            | RuntimeError::Snapshot(_) => NpuAllocStatus::Refused,
+            // What is left is a device's failure (a call, or a total it does not report).
             _ => NpuAllocStatus::DeviceError,
         };
         Fail::new(status, e)

@@ -1,6 +1,7 @@
 //! The exported functions.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
+use std::io::Write;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -46,23 +47,40 @@ unsafe fn text<'a>(s: *const c_char, what: &str) -> Result<&'a str, Fail> {
 }
 
 /// An `aclrtStream` handle as the runtime's stream (NULL: the default stream).
-fn stream(s: *mut c_void) -> Stream {
-    // SAFETY: the handle comes from torch_npu or the caller as an `aclrtStream` (or NULL); the
-    // runtime passes it only to ACL calls that take a stream.
+///
+/// # Safety
+/// `s` is NULL or a live `aclrtStream` of the device it is used on.
+unsafe fn stream(s: *mut c_void) -> Stream {
+    // SAFETY: the caller's contract is `Stream::from_raw`'s.
     unsafe { Stream::from_raw(s) }
+}
+
+/// Writes one line to stderr; a closed stderr is not an error (`eprintln!` would panic, and a
+/// panic must not cross the C boundary).
+pub(crate) fn warn(message: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "npu-alloc: {message}");
 }
 
 /// torch_npu's pluggable `alloc`: `size` bytes on `device` for use on `stream`. NULL for a
 /// zero-size request (no error) and on failure (the reason in the last error; for out of
 /// memory, torch_npu's message).
+///
+/// # Safety
+/// `stream` is NULL (the default stream) or a live `aclrtStream` of `device`.
 #[unsafe(no_mangle)]
-pub extern "C" fn npu_alloc_malloc(size: usize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn npu_alloc_malloc(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
     or(core::ptr::null_mut(), || {
         if size == 0 {
             return Ok(core::ptr::null_mut());
         }
         let d = self::device(device)?;
-        let addr = runtime()?.malloc(size as u64, d, self::stream(stream))?;
+        // SAFETY: forwarded from the caller's contract.
+        let stream = unsafe { self::stream(stream) };
+        let addr = runtime()?.malloc(size as u64, d, stream)?;
         Ok(addr as usize as *mut c_void)
     })
 }
@@ -78,19 +96,22 @@ pub extern "C" fn npu_alloc_free(
     _device: c_int,
     _stream: *mut c_void,
 ) {
-    let s = status(|| Ok(runtime()?.free(ptr as usize as u64)?));
-    if s != NpuAllocStatus::Ok {
+    if npu_alloc_free_checked(ptr) != NpuAllocStatus::Ok {
         thread_local!(static WARNED: core::cell::Cell<bool> = const { core::cell::Cell::new(false) });
         if !WARNED.with(|w| w.replace(true)) {
-            eprintln!("npu-alloc: npu_alloc_free: {}", last_error());
+            warn(format_args!("npu_alloc_free: {}", last_error()));
         }
     }
 }
 
 /// `free(ptr)` with a status: [`NpuAllocStatus::UnknownPointer`] for a pointer this library did
-/// not return or a double free (nothing changes). NULL does nothing.
+/// not return or a double free (nothing changes). NULL does nothing, and does not start the
+/// library.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_free_checked(ptr: *mut c_void) -> NpuAllocStatus {
+    if ptr.is_null() {
+        return NpuAllocStatus::Ok;
+    }
     status(|| Ok(runtime()?.free(ptr as usize as u64)?))
 }
 
@@ -105,7 +126,7 @@ pub extern "C" fn npu_alloc_init(_device_count: c_int) {
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_reset(check_error: bool) {
     if npu_alloc_empty_cache() != NpuAllocStatus::Ok && check_error {
-        eprintln!("npu-alloc: empty_cache: {}", last_error());
+        warn(format_args!("empty_cache: {}", last_error()));
     }
 }
 
@@ -115,8 +136,10 @@ pub extern "C" fn npu_alloc_set_memory_fraction(fraction: f64, device: c_int) {
     npu_alloc_set_per_process_memory_fraction(fraction, device);
 }
 
-/// torch_npu's `base_alloc_fn(ptr, size)`: the start of the segment holding `ptr`, and its size
-/// in `*size` (when `size` is not NULL); `ptr` itself when it is not a live allocation.
+/// torch_npu's `base_alloc_fn(ptr, size)`: for a live allocation `ptr` (an address
+/// `npu_alloc_malloc` returned and not freed, as torch's `get_allocated_block` finds it), the
+/// start of its segment, and the segment's size in `*size` (when `size` is not NULL); `ptr`
+/// itself, `*size` untouched, for any other address.
 ///
 /// # Safety
 /// `size` is null or points at a writable `size_t`.
@@ -127,7 +150,10 @@ pub unsafe extern "C" fn npu_alloc_base_alloc(ptr: *mut c_void, size: *mut usize
         let rt = runtime()?;
         for d in 0..rt.device_count() {
             for seg in rt.memory_snapshot(d)? {
-                if (seg.address..seg.address + seg.total_size).contains(&addr) {
+                let live = |b: &alloc_core::BlockInfo| {
+                    b.address == addr && b.state == alloc_core::BlockState::ActiveAllocated
+                };
+                if seg.blocks.iter().any(live) {
                     if !size.is_null() {
                         // SAFETY: non-null and writable by the caller's contract.
                         unsafe { *size = seg.total_size as usize };
@@ -173,13 +199,24 @@ pub extern "C" fn npu_alloc_record_stream(ptr: *mut c_void, stream: *const NpuAl
 pub extern "C" fn npu_alloc_erase_stream(_ptr: *mut c_void, _stream: *const NpuAllocStreamRepr) {}
 
 /// `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is
-/// reused only after the work queued on `stream` when it is freed has completed.
+/// reused only after the work queued on `stream` when it is freed has completed. A NULL `ptr`
+/// is [`NpuAllocStatus::InvalidArgument`].
+///
+/// # Safety
+/// `stream` is NULL (the default stream) or a live `aclrtStream` of the block's device.
 #[unsafe(no_mangle)]
-pub extern "C" fn npu_alloc_record_stream_handle(
+pub unsafe extern "C" fn npu_alloc_record_stream_handle(
     ptr: *mut c_void,
     stream: *mut c_void,
 ) -> NpuAllocStatus {
-    status(|| Ok(runtime()?.record_stream(ptr as usize as u64, self::stream(stream))?))
+    status(|| {
+        if ptr.is_null() {
+            return Err(Fail::invalid("record_stream: null pointer"));
+        }
+        // SAFETY: forwarded from the caller's contract.
+        let stream = unsafe { self::stream(stream) };
+        Ok(runtime()?.record_stream(ptr as usize as u64, stream)?)
+    })
 }
 
 /// torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`.
@@ -254,22 +291,26 @@ unsafe fn copy_out(
 }
 
 /// This thread's last error as text, NUL-terminated, into `buf` (`len` bytes, truncated to fit;
-/// NULL only asks). Returns the length the whole text needs, with the NUL.
+/// NULL only asks). Returns the length the whole text needs, with the NUL (0 only if npu-alloc
+/// panicked, which it catches).
 ///
 /// # Safety
 /// `buf` is null or writable for `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_last_error(buf: *mut c_char, len: usize) -> usize {
-    let text = last_error();
-    if !buf.is_null() && len > 0 {
-        let n = text.len().min(len - 1);
-        // SAFETY: `buf` is writable for `len > n` bytes.
-        unsafe {
-            core::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
-            *buf.add(n) = 0;
+    let copy = || {
+        let text = last_error();
+        if !buf.is_null() && len > 0 {
+            let n = text.len().min(len - 1);
+            // SAFETY: `buf` is writable for `len > n` bytes by the caller's contract.
+            unsafe {
+                core::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
         }
-    }
-    text.len() + 1
+        text.len() + 1
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(copy)).unwrap_or(0)
 }
 
 /// `torch.npu.mem_get_info(device)`: free and total device memory.
@@ -306,8 +347,9 @@ pub extern "C" fn npu_alloc_set_per_process_memory_fraction(
     status(|| Ok(runtime()?.set_per_process_memory_fraction(fraction, self::device(device)?)?))
 }
 
-/// `torch.npu.memory._set_allocator_settings(settings)` on every device. Warnings about the
-/// string are logged once, as the runtime does.
+/// `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
+/// string (an unknown key, a bad value: the rest of the string still applies) is written to
+/// stderr.
 ///
 /// # Safety
 /// `settings` is a NUL-terminated string.
@@ -318,7 +360,9 @@ pub unsafe extern "C" fn npu_alloc_set_allocator_settings(
     status(|| {
         // SAFETY: forwarded from the caller's contract.
         let s = unsafe { text(settings, "settings") }?;
-        runtime()?.set_allocator_settings(s);
+        for w in runtime()?.set_allocator_settings(s) {
+            warn(format_args!("set_allocator_settings: {w}"));
+        }
         Ok(())
     })
 }
@@ -346,7 +390,11 @@ pub unsafe extern "C" fn npu_alloc_dump_snapshot(path: *const c_char) -> NpuAllo
         let p = unsafe { text(path, "path") }?;
         runtime()?.dump_snapshot(Path::new(p)).map_err(|e| match e {
             npu_runtime::DumpError::Runtime(e) => Fail::from(e),
-            npu_runtime::DumpError::Write(e) => Fail::new(NpuAllocStatus::IoError, e),
+            npu_runtime::DumpError::Write(e @ npu_runtime::WriteError::Io(_)) => {
+                Fail::new(NpuAllocStatus::IoError, e)
+            }
+            // A value the pickle cannot hold: not the file's fault.
+            npu_runtime::DumpError::Write(e) => Fail::new(NpuAllocStatus::Refused, e),
         })
     })
 }

@@ -24,9 +24,14 @@ static HOOK: AtomicUsize = AtomicUsize::new(0);
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_synchronize_hook(hook: Option<extern "C" fn(c_int) -> c_int>) {
     HOOK.store(hook.map_or(0, |h| h as usize), Ordering::Release);
-    if let Ok(rt) = runtime() {
-        apply(rt);
-    }
+    // A library that cannot start has no runtime to give it to (`runtime` applies the hook
+    // when it starts); a panic stays on this side.
+    crate::error::or((), || {
+        if let Ok(rt) = runtime() {
+            apply(rt);
+        }
+        Ok(())
+    });
 }
 
 /// Gives the runtime the hook for the OOM path: with one, a malloc stops before releasing

@@ -46,6 +46,12 @@ fn a_c_program_calls_every_export() {
         String::from_utf8_lossy(&run.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&run.stdout), "ok\n");
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    let warning = stderr
+        .lines()
+        .find(|l| l.starts_with("npu-alloc: set_allocator_settings: "))
+        .unwrap_or_else(|| panic!("no settings warning on stderr:\n{stderr}"));
+    assert!(warning.contains("bogus_key"), "{warning}");
     let py = testkit::python_snapshot::read_with_python(&dir.join("c.pickle"));
     assert_eq!(py.trace_lengths.len(), 2);
 }

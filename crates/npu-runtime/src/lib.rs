@@ -39,6 +39,7 @@ pub use alloc_core::{
     AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, HostQueue, OutOfMemory, PoolError,
     PoolId, SaverError, SaverStats, SegmentInfo, TagStats,
 };
+pub use alloc_snapshot::{ExportError, WriteError};
 pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
 pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use device_allocator::SyncHook;

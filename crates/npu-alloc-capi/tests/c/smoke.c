@@ -49,9 +49,15 @@ int main(void) {
   size_t base_size = 0;
   CHECK(npu_alloc_base_alloc(a, &base_size) == a);
   CHECK(base_size == 20 << 20);
+  /* Not an address malloc returned: itself, the size untouched. */
+  char *inside = (char *)a + 512;
+  base_size = 7;
+  CHECK(npu_alloc_base_alloc(inside, &base_size) == inside);
+  CHECK(base_size == 7);
 
   npu_alloc_record_stream(a, NULL); /* checked, refused: a null stream */
   CHECK(npu_alloc_record_stream_handle(a, NULL) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_record_stream_handle(NULL, NULL) == NpuAllocStatus_InvalidArgument);
   npu_alloc_erase_stream(a, NULL);
 
   /* Errors: out of range, NaN, unknown pointer, double free, out of memory. */
@@ -71,6 +77,8 @@ int main(void) {
   CHECK(strstr(err, "NPU out of memory") != NULL);
 
   CHECK(npu_alloc_set_allocator_settings("max_split_size_mb:64") == NpuAllocStatus_Ok);
+  /* Applied, with a warning on stderr for the key it does not know. */
+  CHECK(npu_alloc_set_allocator_settings("bogus_key:7,max_split_size_mb:64") == NpuAllocStatus_Ok);
   CHECK(npu_alloc_set_allocator_settings(NULL) == NpuAllocStatus_InvalidArgument);
   CHECK(npu_alloc_record_memory_history(true, 1000) == NpuAllocStatus_Ok);
 
