@@ -93,6 +93,17 @@ extern "C" {
 void *npu_alloc_malloc(uintptr_t size, int device, void *stream);
 
 /**
+ * [`npu_alloc_malloc`] with a status: `*ptr` gets the address (NULL for size 0) on success and
+ * is left as it was on failure; [`NpuAllocStatus::OutOfMemory`] with torch_npu's message,
+ * [`NpuAllocStatus::Refused`] in a paused memory-saver region, and so on.
+ *
+ * # Safety
+ * `stream` is NULL (the default stream) or a live `aclrtStream` of `device`; `ptr` is a
+ * writable `void *`.
+ */
+enum NpuAllocStatus npu_alloc_malloc_checked(uintptr_t size, int device, void *stream, void **ptr);
+
+/**
  * torch_npu's pluggable `free`. `size`, `device` and `stream` are what torch_npu recorded at
  * allocation; the block is found by its address. NULL does nothing; a pointer this library did
  * not return, or a double free, changes nothing and sets the last error (and warns on stderr

@@ -79,6 +79,7 @@ def _load():
         c_int, c_size, c_void, c_char = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_char_p
         sig = {
             "npu_alloc_malloc": ([c_size, c_int, c_void], c_void),
+            "npu_alloc_malloc_checked": ([c_size, c_int, c_void, ctypes.POINTER(c_void)], c_int),
             "npu_alloc_free": ([c_void, c_size, c_int, c_void], None),
             "npu_alloc_free_checked": ([c_void], c_int),
             "npu_alloc_record_stream_handle": ([c_void, c_void], c_int),
@@ -170,12 +171,9 @@ def malloc(size, device=0, stream=0):
     message."""
     size, device = _size(size), _device(device)
     stream = _address(stream, "stream")
-    ptr = _load().npu_alloc_malloc(size, device, stream or None)
-    if size and not ptr:
-        message = _last_error()
-        oom = "out of memory" in message
-        _raise((OutOfMemoryError if oom else NpuAllocError)(message, _OOM if oom else _INVALID))
-    return ptr or 0
+    ptr = ctypes.c_void_p()
+    _check(_load().npu_alloc_malloc_checked(size, device, stream or None, ctypes.byref(ptr)))
+    return ptr.value or 0
 
 
 def free(ptr):

@@ -140,6 +140,21 @@ class Errors(unittest.TestCase):
 
 @needs_fake
 class MemorySaver(unittest.TestCase):
+    def test_an_allocation_in_a_paused_region_is_refused_with_its_status(self):
+        with npu_alloc.region("paused-tag"):
+            p = npu_alloc.malloc(1000)
+        npu_alloc.pause("paused-tag")
+        try:
+            with npu_alloc.region("paused-tag"):
+                with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                    npu_alloc.malloc(1000)
+            self.assertEqual(e.exception.status, -7)
+            self.assertNotIsInstance(e.exception, npu_alloc.OutOfMemoryError)
+            self.assertIn("paused", str(e.exception))
+        finally:
+            npu_alloc.resume("paused-tag")
+        npu_alloc.free(p)
+
     def test_pause_and_resume_with_cpu_backup_keep_the_bytes(self):
         with npu_alloc.region("weights", enable_cpu_backup=True):
             p = npu_alloc.malloc(MIB)

@@ -87,6 +87,7 @@ impl From<RuntimeError<AclError>> for Fail {
             }
             RuntimeError::Saver(SaverError::Device(_)) => NpuAllocStatus::DeviceError,
             RuntimeError::Pool(_)
+            | RuntimeError::Alloc(AllocError::Paused { .. } | AllocError::Pool(_))
             | RuntimeError::Saver(_)
             | RuntimeError::ScopeNotOpen
             | RuntimeError::Snapshot(_) => NpuAllocStatus::Refused,

@@ -73,16 +73,51 @@ pub unsafe extern "C" fn npu_alloc_malloc(
     device: c_int,
     stream: *mut c_void,
 ) -> *mut c_void {
-    or(core::ptr::null_mut(), || {
-        if size == 0 {
-            return Ok(core::ptr::null_mut());
-        }
-        let d = self::device(device)?;
-        // SAFETY: forwarded from the caller's contract.
-        let stream = unsafe { self::stream(stream) };
-        let addr = runtime()?.malloc(size as u64, d, stream)?;
-        Ok(addr as usize as *mut c_void)
+    // SAFETY: forwarded from the caller's contract.
+    or(core::ptr::null_mut(), || unsafe {
+        malloc(size, device, stream)
     })
+}
+
+/// [`npu_alloc_malloc`] with a status: `*ptr` gets the address (NULL for size 0) on success and
+/// is left as it was on failure; [`NpuAllocStatus::OutOfMemory`] with torch_npu's message,
+/// [`NpuAllocStatus::Refused`] in a paused memory-saver region, and so on.
+///
+/// # Safety
+/// `stream` is NULL (the default stream) or a live `aclrtStream` of `device`; `ptr` is a
+/// writable `void *`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_malloc_checked(
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+    ptr: *mut *mut c_void,
+) -> NpuAllocStatus {
+    status(|| {
+        if ptr.is_null() {
+            return Err(Fail::invalid("malloc_checked: null ptr"));
+        }
+        // SAFETY: forwarded from the caller's contract.
+        let p = unsafe { malloc(size, device, stream) }?;
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *ptr = p };
+        Ok(())
+    })
+}
+
+/// The malloc of both exports.
+///
+/// # Safety
+/// As [`npu_alloc_malloc`].
+unsafe fn malloc(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, Fail> {
+    if size == 0 {
+        return Ok(core::ptr::null_mut());
+    }
+    let d = self::device(device)?;
+    // SAFETY: forwarded from the caller's contract.
+    let stream = unsafe { self::stream(stream) };
+    let addr = runtime()?.malloc(size as u64, d, stream)?;
+    Ok(addr as usize as *mut c_void)
 }
 
 /// torch_npu's pluggable `free`. `size`, `device` and `stream` are what torch_npu recorded at

@@ -75,6 +75,15 @@ int main(void) {
   CHECK(npu_alloc_malloc((size_t)8 << 30, 0, NULL) == NULL);
   npu_alloc_last_error(err, sizeof err);
   CHECK(strstr(err, "NPU out of memory") != NULL);
+  /* The same with a status; the out-parameter is written only on success. */
+  void *c = (void *)0x1;
+  CHECK(npu_alloc_malloc_checked((size_t)8 << 30, 0, NULL, &c) == NpuAllocStatus_OutOfMemory);
+  CHECK(c == (void *)0x1);
+  CHECK(npu_alloc_malloc_checked(1000, 7, NULL, &c) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_malloc_checked(1000, 0, NULL, NULL) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_malloc_checked(0, 0, NULL, &c) == NpuAllocStatus_Ok && c == NULL);
+  CHECK(npu_alloc_malloc_checked(1000, 0, NULL, &c) == NpuAllocStatus_Ok && c != NULL);
+  CHECK(npu_alloc_free_checked(c) == NpuAllocStatus_Ok);
 
   CHECK(npu_alloc_set_allocator_settings("max_split_size_mb:64") == NpuAllocStatus_Ok);
   /* Applied, with a warning on stderr for the key it does not know. */
