@@ -27,7 +27,8 @@ pub enum RuntimeError<E = AclError> {
         count: u32,
     },
     /// A device call outside malloc and free failed (opening the device, `empty_cache`, event
-    /// polling, `mem_get_info`); the allocator is unchanged.
+    /// polling, `mem_get_info`). The books stay exact; what the call did before the failure
+    /// stays done (an `empty_cache` may have given some segments back already).
     Device(E),
     /// A private-pool call was refused (unknown or released pool, a device without virtual
     /// memory for the memory saver).
@@ -36,6 +37,9 @@ pub enum RuntimeError<E = AclError> {
     Saver(SaverError<E>),
     /// A scope (`use_mem_pool`, `region`) was ended that this thread has not open.
     ScopeNotOpen,
+    /// A private-pool or memory-saver call while caching is off
+    /// (`PYTORCH_NO_NPU_MEMORY_CACHING`): there are no pools.
+    NoCaching,
     /// A snapshot could not hold a value (torch's fields are signed 64-bit integers).
     Snapshot(alloc_snapshot::ExportError),
 }
@@ -114,6 +118,10 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
             RuntimeError::ScopeNotOpen => {
                 f.write_str("no such memory pool or memory saver scope is open on this thread")
             }
+            RuntimeError::NoCaching => f.write_str(
+                "no private pools or memory saver regions: caching is off \
+                 (PYTORCH_NO_NPU_MEMORY_CACHING)",
+            ),
             RuntimeError::Snapshot(e) => e.fmt(f),
         }
     }

@@ -101,12 +101,12 @@ where
         })
     }
 
-    /// `device`'s caching allocator, or the pool error torch would give without one.
+    /// `device`'s caching allocator; without caching (PYTORCH_NO_NPU_MEMORY_CACHING) there are
+    /// no pools.
     fn caching(&self, device: u32) -> Result<&DeviceAllocator<D>, RuntimeError<D::Error>> {
         match self.entry(device)? {
             Entry::Caching(a) => Ok(a),
-            // Without caching (PYTORCH_NO_NPU_MEMORY_CACHING) there are no pools.
-            Entry::Uncached(_) => Err(RuntimeError::Pool(alloc_core::PoolError::Default)),
+            Entry::Uncached(_) => Err(RuntimeError::NoCaching),
         }
     }
 

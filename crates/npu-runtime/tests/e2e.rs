@@ -510,6 +510,17 @@ fn no_caching_goes_to_the_device_every_time() {
         ),
         "{err}"
     );
+    // No pools without caching: every pool and memory-saver call says why.
+    assert_eq!(rt.create_pool(0).unwrap_err(), RuntimeError::NoCaching);
+    assert_eq!(
+        rt.begin_region(0, "kv", false).unwrap_err(),
+        RuntimeError::NoCaching
+    );
+    assert_eq!(
+        RuntimeError::<AclError>::NoCaching.to_string(),
+        "no private pools or memory saver regions: caching is off \
+         (PYTORCH_NO_NPU_MEMORY_CACHING)"
+    );
 }
 
 #[test]
