@@ -979,6 +979,7 @@ impl Executor {
         match result {
             Ok(()) => {}
             Err(FreeError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+            Err(FreeError::Device(e)) => return Err(ExecError::Device(e)),
             Err(e) => return Err(ExecError::Free(e)),
         }
         Ok(())
@@ -1299,6 +1300,7 @@ impl Executor {
                 Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
                 Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
                 Err(SaverError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
+                Err(SaverError::Device(e)) => return Err(ExecError::Device(e)),
                 Err(e) => return Err(ExecError::Saver(e)),
             },
             _ => {}
