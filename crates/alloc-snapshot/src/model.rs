@@ -300,24 +300,26 @@ pub struct Totals {
 }
 
 impl Snapshot {
-    /// Totals over every device.
+    /// Totals over every device. A negative size (a malformed snapshot) counts as 0, and the
+    /// sums stop at `u64::MAX`.
     pub fn totals(&self) -> Totals {
+        let bytes = |size: i64| u64::try_from(size).unwrap_or(0);
         let mut t = Totals::default();
         for seg in &self.segments {
             t.segments += 1;
-            t.reserved += seg.total_size.unsigned_abs();
+            t.reserved = t.reserved.saturating_add(bytes(seg.total_size));
             t.large_segments += u64::from(seg.segment_type == SegmentType::Large);
             for b in &seg.blocks {
-                let size = b.size.unsigned_abs();
+                let size = bytes(b.size);
                 match b.state {
                     BlockState::ActiveAllocated => {
                         t.blocks[0] += 1;
-                        t.allocated += size;
-                        t.active += size;
+                        t.allocated = t.allocated.saturating_add(size);
+                        t.active = t.active.saturating_add(size);
                     }
                     BlockState::ActivePendingFree => {
                         t.blocks[1] += 1;
-                        t.active += size;
+                        t.active = t.active.saturating_add(size);
                     }
                     BlockState::Inactive => t.blocks[2] += 1,
                 }

@@ -1220,3 +1220,44 @@ fn a_pickle_without_proto_reads_with_the_same_opcodes() {
     let r = read(b"\x80\x04\x95\x00\x00\x00\x00\x00\x00\x00\x00}(\x8c\x08segments]u.").unwrap();
     assert_eq!(r.snapshot, Snapshot::default());
 }
+
+#[test]
+fn totals_of_a_malformed_snapshot_count_negative_sizes_as_0_and_stop_at_u64_max() {
+    use alloc_snapshot::{Block, Segment, Snapshot};
+    let segment = |total_size, blocks| Segment {
+        device: 0,
+        address: 0,
+        total_size,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: SegmentType::Large,
+        segment_pool_id: (0, 0),
+        is_expandable: false,
+        frames: Vec::new(),
+        blocks,
+    };
+    let block = |size| Block {
+        address: 0,
+        size,
+        requested_size: 0,
+        state: BlockState::ActiveAllocated,
+        frames: Vec::new(),
+    };
+    let snapshot = Snapshot {
+        segments: vec![
+            segment(i64::MAX, vec![block(i64::MAX), block(-5)]),
+            segment(i64::MAX, vec![block(i64::MAX)]),
+            segment(i64::MAX, vec![block(i64::MAX)]),
+            segment(-7, Vec::new()),
+        ],
+        ..Snapshot::default()
+    };
+    let t = snapshot.totals();
+    assert_eq!((t.segments, t.blocks), (4, [4, 0, 0]));
+    assert_eq!(
+        (t.reserved, t.allocated, t.active),
+        (u64::MAX, u64::MAX, u64::MAX)
+    );
+}

@@ -290,21 +290,36 @@ pub fn import_snapshot(
         .allocator_settings
         .as_ref()
         .map(|s| s.alloc_conf.trim())
-        .filter(|c| !c.is_empty() && !c.contains(char::is_whitespace))
+        .filter(|c| !c.is_empty())
     {
-        trace.conf = Some(conf.to_owned());
+        // A `conf` line ends at a `#` (a comment), and the importer keeps settings without
+        // blanks only: anything else would replay under other settings than the snapshot's.
+        if conf.contains(|c: char| c.is_whitespace() || c == '#') {
+            warn(
+                &mut summary.warnings,
+                "allocator settings with a blank or a `#` (replayed with the defaults)",
+            );
+        } else {
+            trace.conf = Some(conf.to_owned());
+        }
     }
     let mut by_addr: HashMap<i64, IdRef> = HashMap::new();
-    for (n, (addr, (size, stream))) in prologue.iter().enumerate() {
+    let mut n = 0;
+    for (addr, (size, stream)) in &prologue {
+        let Ok(size) = u64::try_from(*size) else {
+            warn(&mut summary.warnings, "block of a negative size");
+            continue;
+        };
         let id = trace.add_id(format!("p{n}"));
+        n += 1;
         by_addr.insert(*addr, id);
         trace.push(OpKind::Alloc {
             id,
-            size: size.unsigned_abs(),
+            size,
             stream: streams.id(*stream),
         });
     }
-    summary.prologue = prologue.len() as u64;
+    summary.prologue = n;
     trace.push(OpKind::ResetPeak);
     trace.push(OpKind::Stats {
         label: Some("prologue".to_owned()),
@@ -339,12 +354,16 @@ pub fn import_snapshot(
                     warn(&mut summary.warnings, "alloc of an address still live");
                     continue;
                 }
+                let Ok(size) = u64::try_from(e.size) else {
+                    warn(&mut summary.warnings, "alloc of a negative size");
+                    continue;
+                };
                 let id = trace.add_id(format!("a{next_alloc}"));
                 next_alloc += 1;
                 by_addr.insert(addr, id);
                 trace.push(OpKind::Alloc {
                     id,
-                    size: e.size.unsigned_abs(),
+                    size,
                     stream: streams.id(e.stream),
                 });
                 summary.allocs += 1;

@@ -149,6 +149,66 @@ fn frees_completed_later_hold_their_block_on_a_stream_of_their_own() {
 }
 
 #[test]
+fn negative_sizes_and_settings_a_conf_line_cannot_hold_are_left_out_with_warnings() {
+    use Action::{Alloc, FreeRequested};
+    let block = |address, size| Block {
+        address,
+        size,
+        requested_size: 0,
+        state: BlockState::ActiveAllocated,
+        frames: Vec::new(),
+    };
+    let mut snapshot = Snapshot {
+        segments: vec![Segment {
+            device: 0,
+            address: 0x10_0000,
+            total_size: 2 << 20,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            stream: 0,
+            segment_type: SegmentType::Small,
+            segment_pool_id: (0, 0),
+            is_expandable: false,
+            frames: Vec::new(),
+            blocks: vec![block(0x10_0000, -100), block(0x10_0200, 512)],
+        }],
+        device_traces: vec![vec![
+            entry(Alloc, 0x20_0000, -4096, 0, 1),
+            entry(FreeRequested, 0x20_0000, -4096, 0, 2),
+            entry(Alloc, 0x30_0000, 4096, 0, 3),
+        ]],
+        ..Snapshot::default()
+    };
+    let mut settings = alloc_snapshot::AllocatorSettings::from_conf(&Default::default());
+    // The replayer would read `max_split_size_mb:64` and take `#x` for a comment.
+    settings.alloc_conf = "max_split_size_mb:64#x".into();
+    snapshot.allocator_settings = Some(settings);
+    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
+    assert_eq!(imported.trace.conf, None);
+    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    assert_eq!(
+        body,
+        [
+            "alloc p0 512 0",
+            "reset_peak",
+            "stats prologue",
+            "alloc a0 4096 0",
+            "stats end"
+        ]
+    );
+    let w = &imported.summary.warnings;
+    assert_eq!(w.get("block of a negative size"), Some(&1));
+    assert_eq!(w.get("alloc of a negative size"), Some(&1));
+    assert_eq!(w.get("free of an address not live"), Some(&1));
+    assert_eq!(
+        w.get("allocator settings with a blank or a `#` (replayed with the defaults)"),
+        Some(&1)
+    );
+    assert_eq!(imported.summary.prologue, 1);
+}
+
+#[test]
 fn a_snapshot_without_history_or_without_the_device_is_refused() {
     let empty = Snapshot::default();
     assert_eq!(

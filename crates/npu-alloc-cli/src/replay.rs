@@ -76,6 +76,13 @@ pub(crate) fn run(args: Args) -> ExitCode {
         Ok(trace) => trace,
         Err(e) => {
             eprintln!("{e}");
+            if path.extension().is_some_and(|x| x == "pickle") {
+                eprintln!(
+                    "(a PyTorch memory snapshot? `npu-alloc import-snapshot {}` turns it into a \
+                     .trace)",
+                    path.display()
+                );
+            }
             return ExitCode::FAILURE;
         }
     };
