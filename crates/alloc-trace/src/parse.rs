@@ -715,7 +715,14 @@ impl<'a> Parser<'a> {
                     "oom" => Fault::OutOfMemory,
                     "error" => {
                         let token = args.need("<code>")?;
-                        let code = token.parse().map_err(|_| TraceErrorKind::BadNumber {
+                        // Decimal digits with an optional `-`: `i32`'s parser would also take
+                        // a `+`, which no other number of the format allows.
+                        let digits = token.strip_prefix('-').unwrap_or(token);
+                        let code = (!digits.is_empty()
+                            && digits.bytes().all(|b| b.is_ascii_digit()))
+                        .then(|| token.parse().ok())
+                        .flatten()
+                        .ok_or_else(|| TraceErrorKind::BadNumber {
                             what: "<code>",
                             token: token.to_owned(),
                         })?;
@@ -806,6 +813,27 @@ mod tests {
 
     fn msg(text: &str) -> String {
         parse(text).expect_err(text).to_string()
+    }
+
+    #[test]
+    fn a_fault_code_is_a_decimal_i32_with_an_optional_minus() {
+        for (token, code) in [("507899", 507_899), ("-5", -5), ("0", 0)] {
+            let t = parse(&format!("fault malloc 1 error {token}\n")).unwrap();
+            assert_eq!(
+                t.ops[0].kind,
+                OpKind::Fault {
+                    call: DeviceCall::Malloc,
+                    nth: 1,
+                    fault: Fault::Error(code)
+                }
+            );
+        }
+        for token in ["+5", "-", "0x10", "2147483648", "5e3"] {
+            assert_eq!(
+                msg(&format!("fault malloc 1 error {token}\n")),
+                format!("t.trace:1: bad <code> `{token}`: expected an integer"),
+            );
+        }
     }
 
     #[test]
