@@ -61,31 +61,43 @@ fn entry(action: Action, addr: i64, size: i64, stream: i64, time_us: i64) -> Tra
     }
 }
 
+fn block(address: i64, size: i64, state: BlockState) -> Block {
+    Block {
+        address,
+        size,
+        requested_size: size,
+        state,
+        frames: Vec::new(),
+    }
+}
+
+/// A 2 MiB small-pool segment at 0x10_0000 on device 0, stream 0, holding `blocks`.
+fn small_segment(blocks: Vec<Block>) -> Segment {
+    Segment {
+        device: 0,
+        address: 0x10_0000,
+        total_size: 2 << 20,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        stream: 0,
+        segment_type: SegmentType::Small,
+        segment_pool_id: (0, 0),
+        is_expandable: false,
+        frames: Vec::new(),
+        blocks,
+    }
+}
+
 #[test]
 fn frees_completed_later_hold_their_block_on_a_stream_of_their_own() {
     use Action::{Alloc, FreeCompleted, FreeRequested, SegmentAlloc};
     const SIDE: i64 = 0x5555_0000; // a CUDA stream handle
-    let pending_block = |address, size| Block {
-        address,
-        size,
-        requested_size: size,
-        state: BlockState::ActivePendingFree,
-        frames: Vec::new(),
-    };
     let snapshot = Snapshot {
         segments: vec![Segment {
-            device: 0,
-            address: 0x10_0000,
-            total_size: 2 << 20,
-            allocated_size: 0,
             active_size: 512,
             requested_size: 512,
-            stream: 0,
-            segment_type: SegmentType::Small,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: Vec::new(),
-            blocks: vec![pending_block(0x10_0000, 512)],
+            ..small_segment(vec![block(0x10_0000, 512, BlockState::ActivePendingFree)])
         }],
         device_traces: vec![vec![
             entry(Alloc, 0x20_0000, 1000, SIDE, 1),
@@ -151,28 +163,12 @@ fn frees_completed_later_hold_their_block_on_a_stream_of_their_own() {
 #[test]
 fn negative_sizes_and_settings_a_conf_line_cannot_hold_are_left_out_with_warnings() {
     use Action::{Alloc, FreeRequested};
-    let block = |address, size| Block {
-        address,
-        size,
-        requested_size: 0,
-        state: BlockState::ActiveAllocated,
-        frames: Vec::new(),
-    };
+    let live = BlockState::ActiveAllocated;
     let mut snapshot = Snapshot {
-        segments: vec![Segment {
-            device: 0,
-            address: 0x10_0000,
-            total_size: 2 << 20,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            segment_type: SegmentType::Small,
-            segment_pool_id: (0, 0),
-            is_expandable: false,
-            frames: Vec::new(),
-            blocks: vec![block(0x10_0000, -100), block(0x10_0200, 512)],
-        }],
+        segments: vec![small_segment(vec![
+            block(0x10_0000, -100, live),
+            block(0x10_0200, 512, live),
+        ])],
         device_traces: vec![vec![
             entry(Alloc, 0x20_0000, -4096, 0, 1),
             entry(FreeRequested, 0x20_0000, -4096, 0, 2),
