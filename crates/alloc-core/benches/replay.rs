@@ -22,10 +22,11 @@ use testkit::paired::Paired;
 const OPS: usize = 200_000;
 
 fn replay(c: &mut Criterion) {
-    bench(c, "replay", &synthetic_trace(OPS, 256, 42));
+    let text = synthetic_trace(OPS, 256, 42);
+    bench(c, "replay", &text);
     // The same size mix on three streams, with record_stream, pending frees and events.
     bench(c, "replay_streams", &synthetic_stream_trace(OPS, 256, 42));
-    versus_offset(c, &synthetic_trace(OPS, 256, 42));
+    versus_offset(c, &text);
 }
 
 fn versus_offset(c: &mut Criterion, text: &str) {

@@ -57,7 +57,7 @@ unsafe fn stream(s: *mut c_void) -> Stream {
 
 /// Writes one line to stderr; a closed stderr is not an error (`eprintln!` would panic, and a
 /// panic must not cross the C boundary).
-pub(crate) fn warn(message: std::fmt::Arguments<'_>) {
+fn warn(message: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "npu-alloc: {message}");
 }
 
