@@ -18,5 +18,5 @@ pub use model::{
     Action, AllocatorSettings, Block, BlockState, Divisions, Frame, Segment, SegmentType, Snapshot,
     Totals, TraceEntry,
 };
-pub use read::{Limits, Read, ReadError, ReadWarning, read, read_file, read_with};
+pub use read::{Limits, Read, ReadError, ReadWarning, Untiled, read, read_file, read_with};
 pub use write::WriteError;

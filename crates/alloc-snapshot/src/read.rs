@@ -31,14 +31,15 @@ mod shape;
 mod unpickle;
 mod value;
 
-pub use error::{ReadError, ReadWarning};
+pub use error::{ReadError, ReadWarning, Untiled};
 
 /// A snapshot read from a pickle, with what the reader noticed but accepted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Read {
     /// The snapshot.
     pub snapshot: Snapshot,
-    /// What was accepted with a caveat: one warning per unknown trace action name.
+    /// What was accepted with a caveat: one warning per unknown trace action name, and one
+    /// for segments whose blocks do not tile them.
     pub warnings: Vec<ReadWarning>,
 }
 

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use alloc_snapshot::{
     Action, AllocatorSettings, Block, BlockState, Divisions, Frame, Limits, Read, ReadError,
-    ReadWarning, Segment, SegmentType, Snapshot, TraceEntry, read, read_file, read_with,
+    ReadWarning, Segment, SegmentType, Snapshot, TraceEntry, Untiled, read, read_file, read_with,
 };
 
 const MAGMA27: &str = concat!(
@@ -1161,6 +1161,18 @@ fn missing_keys_take_torch_defaults() {
     );
     let addresses: Vec<i64> = seg.blocks.iter().map(|b| b.address).collect();
     assert_eq!(addresses, [4096, 5120, 9999]);
+    assert_eq!(
+        read.warnings,
+        [ReadWarning::Untiled {
+            segment: 0,
+            how: Untiled::Misplaced {
+                block: 2,
+                address: 9999,
+                expected: 6144
+            },
+            count: 1
+        }]
+    );
     let requested: Vec<i64> = seg.blocks.iter().map(|b| b.requested_size).collect();
     assert_eq!(requested, [1024, 1000, 0]);
     let oom = &read.snapshot.device_traces[0][0];
@@ -1196,6 +1208,98 @@ fn missing_keys_take_torch_defaults() {
     assert_eq!(old.snapshot.segments, read.snapshot.segments);
     assert!(old.snapshot.device_traces.is_empty());
     assert!(old.snapshot.allocator_settings.is_none());
+}
+
+#[test]
+fn segments_whose_blocks_do_not_tile_them_are_read_with_one_warning() {
+    let out = python(
+        "import pickle\n\
+         def seg(total, *blocks): return {'address': 4096, 'total_size': total, 'stream': 0,\
+           'blocks': [{'size': s, 'state': 'inactive'} for s in blocks]}\n\
+         segs = [seg(3072, 1024, 2048), seg(3072, 1024, 1024), seg(3072, 1024, -1, 3072),\
+           seg(512), seg(2**63 - 1, 2**63 - 1)]\n\
+         print(pickle.dumps({'segments': segs}, protocol=4).hex())\n\
+         print(pickle.dumps({'segments': segs[:1]}, protocol=4).hex())",
+    );
+    let mut lines = out.lines().map(hex);
+    let r = read(&lines.next().unwrap()).unwrap();
+    // The first tiles; the second is 1024 bytes short, the third has a negative block (whose
+    // successor memory_viz would place before it), the fourth has no blocks, and the fifth
+    // ends past i64::MAX.
+    assert_eq!(
+        r.warnings,
+        [ReadWarning::Untiled {
+            segment: 1,
+            how: Untiled::Total {
+                blocks: 2048,
+                total_size: 3072
+            },
+            count: 4
+        }]
+    );
+    assert_eq!(
+        r.warnings[0].to_string(),
+        "segments[1]: the blocks' sizes add up to 2048, not to the segment's total_size 3072; \
+         read as is, but memory_viz would refuse it (4 segments so)"
+    );
+    assert_eq!(r.snapshot.segments.len(), 5);
+    assert!(read(&lines.next().unwrap()).unwrap().warnings.is_empty());
+    let seg = |blocks: &[(i64, i64)], total_size| Segment {
+        address: 4096,
+        total_size,
+        blocks: blocks
+            .iter()
+            .map(|&(address, size)| alloc_snapshot::Block {
+                address,
+                size,
+                requested_size: 0,
+                state: BlockState::Inactive,
+                frames: Vec::new(),
+            })
+            .collect(),
+        ..r.snapshot.segments[0].clone()
+    };
+    // Each way, through a round trip of our own writer.
+    for (segment, how) in [
+        (
+            seg(&[(4096, -1), (4095, 1)], 0),
+            Untiled::BadSize { block: 0 },
+        ),
+        (
+            seg(&[(4096, 10), (4100, 10)], 20),
+            Untiled::Misplaced {
+                block: 1,
+                address: 4100,
+                expected: 4106,
+            },
+        ),
+        (
+            seg(&[(i64::MAX - 1, 8)], 8),
+            Untiled::Misplaced {
+                block: 0,
+                address: i64::MAX - 1,
+                expected: 4096,
+            },
+        ),
+        (
+            seg(&[(4096, i64::MAX)], i64::MAX),
+            Untiled::BadSize { block: 0 },
+        ),
+    ] {
+        let snapshot = Snapshot {
+            segments: vec![segment],
+            ..Snapshot::default()
+        };
+        let warnings = read(&snapshot.to_pickle().unwrap()).unwrap().warnings;
+        assert_eq!(
+            warnings,
+            [ReadWarning::Untiled {
+                segment: 0,
+                how,
+                count: 1
+            }]
+        );
+    }
 }
 
 #[test]

@@ -92,7 +92,31 @@ pub struct ImportSummary {
     /// Entries skipped as the allocator's own decisions or annotations, by action name.
     pub skipped: BTreeMap<String, u64>,
     /// Entries that did not pair up and were left out, by what was wrong.
-    pub warnings: BTreeMap<&'static str, u64>,
+    pub warnings: BTreeMap<&'static str, LeftOut>,
+}
+
+/// How many entries one kind of problem left out of an import, and where the first was.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LeftOut {
+    /// How many.
+    pub count: u64,
+    /// The index of the first in the device's trace entries; `None` for what is not a trace
+    /// entry (a block of the end state, the allocator settings).
+    pub first_entry: Option<usize>,
+}
+
+impl ImportSummary {
+    /// One line per kind of entry left out: "2 × free of an address not live (first at trace
+    /// entry 17)".
+    pub fn left_out_lines(&self) -> impl Iterator<Item = String> + '_ {
+        self.warnings.iter().map(|(what, left_out)| {
+            let mut line = format!("{} × {what}", left_out.count);
+            if let Some(i) = left_out.first_entry {
+                line.push_str(&format!(" (first at trace entry {i})"));
+            }
+            line
+        })
+    }
 }
 
 /// A snapshot imported as a trace.
@@ -145,8 +169,8 @@ impl Imported {
                 "# skipped: {n} {action} entries (the allocator's own decisions)\n"
             ));
         }
-        for (what, n) in &s.warnings {
-            out.push_str(&format!("# left out: {n} × {what}\n"));
+        for line in s.left_out_lines() {
+            out.push_str(&format!("# left out: {line}\n"));
         }
         out.push_str("# sizes are the requested sizes; replay with --pad 0 for CUDA's rounding\n");
         out.push_str(&crate::write::to_text(&self.trace));
@@ -154,9 +178,12 @@ impl Imported {
     }
 }
 
-/// Counts one entry left out because of `what`.
-fn warn(warnings: &mut BTreeMap<&'static str, u64>, what: &'static str) {
-    *warnings.entry(what).or_insert(0) += 1;
+/// Counts one entry left out because of `what`; `entry` is its index in the device's trace
+/// entries, if it is one.
+fn warn(warnings: &mut BTreeMap<&'static str, LeftOut>, what: &'static str, entry: Option<usize>) {
+    let left_out = warnings.entry(what).or_default();
+    left_out.count += 1;
+    left_out.first_entry = left_out.first_entry.or(entry);
 }
 
 /// Devices with a history, and the length of each.
@@ -233,7 +260,10 @@ pub fn import_snapshot(
                 last_freed.remove(&addr);
             }
             Action::FreeRequested => {
-                if live.remove(&addr).is_none() {
+                // Only a first free of an address the history has not used before frees a
+                // block that predates it: a second free of a freed address is a double free,
+                // which pass 2 leaves out with a warning.
+                if live.remove(&addr).is_none() && !last_freed.contains_key(&addr) {
                     freed_before.entry(addr).or_insert((e.size, e.stream));
                 }
                 requested.insert(addr, i);
@@ -298,6 +328,7 @@ pub fn import_snapshot(
             warn(
                 &mut summary.warnings,
                 "allocator settings with a blank or a `#` (replayed with the defaults)",
+                None,
             );
         } else {
             trace.conf = Some(conf.to_owned());
@@ -307,7 +338,7 @@ pub fn import_snapshot(
     let mut n = 0;
     for (addr, (size, stream)) in &prologue {
         let Ok(size) = u64::try_from(*size) else {
-            warn(&mut summary.warnings, "block of a negative size");
+            warn(&mut summary.warnings, "block of a negative size", None);
             continue;
         };
         let id = trace.add_id(format!("p{n}"));
@@ -340,7 +371,7 @@ pub fn import_snapshot(
         let addr = match (&e.action, e.addr) {
             (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => a,
             (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, None) => {
-                warn(&mut summary.warnings, "entry without an address");
+                warn(&mut summary.warnings, "entry without an address", Some(i));
                 continue;
             }
             (other, _) => {
@@ -351,11 +382,15 @@ pub fn import_snapshot(
         match e.action {
             Action::Alloc => {
                 if by_addr.contains_key(&addr) {
-                    warn(&mut summary.warnings, "alloc of an address still live");
+                    warn(
+                        &mut summary.warnings,
+                        "alloc of an address still live",
+                        Some(i),
+                    );
                     continue;
                 }
                 let Ok(size) = u64::try_from(e.size) else {
-                    warn(&mut summary.warnings, "alloc of a negative size");
+                    warn(&mut summary.warnings, "alloc of a negative size", Some(i));
                     continue;
                 };
                 let id = trace.add_id(format!("a{next_alloc}"));
@@ -370,7 +405,11 @@ pub fn import_snapshot(
             }
             Action::FreeRequested => {
                 let Some(id) = by_addr.remove(&addr) else {
-                    warn(&mut summary.warnings, "free of an address not live");
+                    warn(
+                        &mut summary.warnings,
+                        "free of an address not live",
+                        Some(i),
+                    );
                     continue;
                 };
                 // A free completed later, or never (the block is still pending at the end).

@@ -194,14 +194,63 @@ fn negative_sizes_and_settings_a_conf_line_cannot_hold_are_left_out_with_warning
         ]
     );
     let w = &imported.summary.warnings;
-    assert_eq!(w.get("block of a negative size"), Some(&1));
-    assert_eq!(w.get("alloc of a negative size"), Some(&1));
-    assert_eq!(w.get("free of an address not live"), Some(&1));
+    let left_out = |what: &str| w.get(what).map(|l| (l.count, l.first_entry));
+    assert_eq!(left_out("block of a negative size"), Some((1, None)));
+    assert_eq!(left_out("alloc of a negative size"), Some((1, Some(0))));
+    assert_eq!(left_out("free of an address not live"), Some((1, Some(1))));
     assert_eq!(
-        w.get("allocator settings with a blank or a `#` (replayed with the defaults)"),
-        Some(&1)
+        left_out("allocator settings with a blank or a `#` (replayed with the defaults)"),
+        Some((1, None))
     );
     assert_eq!(imported.summary.prologue, 1);
+    let header = imported.to_text("x.pickle");
+    assert!(
+        header.contains("# left out: 1 × free of an address not live (first at trace entry 1)\n"),
+        "{header}"
+    );
+    assert!(
+        header.contains("# left out: 1 × block of a negative size\n"),
+        "{header}"
+    );
+}
+
+#[test]
+fn a_double_free_is_left_out_and_does_not_make_a_prologue_block() {
+    use Action::{Alloc, FreeRequested};
+    let snapshot = Snapshot {
+        device_traces: vec![vec![
+            entry(FreeRequested, 0x30_0000, 1024, 0, 1),
+            entry(Alloc, 0x20_0000, 4096, 0, 2),
+            entry(FreeRequested, 0x20_0000, 4096, 0, 3),
+            entry(FreeRequested, 0x20_0000, 4096, 0, 4),
+            entry(FreeRequested, 0x30_0000, 1024, 0, 5),
+            entry(FreeRequested, 0x20_0000, 4096, 0, 6),
+        ]],
+        ..Snapshot::default()
+    };
+    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
+    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    // 0x30_0000 predates the history (its first free); 0x20_0000 is allocated in it, and its
+    // second and third frees, like 0x30_0000's second, are double frees.
+    assert_eq!(
+        body,
+        [
+            "alloc p0 1024 0",
+            "reset_peak",
+            "stats prologue",
+            "free p0",
+            "alloc a0 4096 0",
+            "free a0",
+            "stats end"
+        ]
+    );
+    let s = &imported.summary;
+    assert_eq!(
+        (s.prologue, s.prologue_freed, s.allocs, s.frees),
+        (1, 1, 1, 2)
+    );
+    let left_out = s.warnings.get("free of an address not live").unwrap();
+    assert_eq!((left_out.count, left_out.first_entry), (3, Some(3)));
 }
 
 #[test]
@@ -248,9 +297,10 @@ fn a_replays_own_snapshot_imports_back_to_the_same_figures() {
     let mut snapshot = Snapshot::new(Some(&end.conf));
     snapshot.add_device(0, &end.segments, &end.history).unwrap();
     // Through the pickle and back.
-    let snapshot = alloc_snapshot::read(&snapshot.to_pickle().unwrap())
-        .unwrap()
-        .snapshot;
+    let read = alloc_snapshot::read(&snapshot.to_pickle().unwrap()).unwrap();
+    // Our segments tile, as torch's do.
+    assert!(read.warnings.is_empty(), "{:?}", read.warnings);
+    let snapshot = read.snapshot;
     let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
     // The history began with the trace, so nothing predates it.
     assert_eq!(imported.summary.prologue, 0);

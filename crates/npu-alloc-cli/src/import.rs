@@ -127,8 +127,8 @@ pub(crate) fn run(args: Args) -> ExitCode {
         s.delayed_frees,
         s.streams.len() as u64 + s.extra_streams
     );
-    for (what, n) in &s.warnings {
-        eprintln!("warning: left out {n} × {what}");
+    for line in s.left_out_lines() {
+        eprintln!("warning: left out {line}");
     }
     ExitCode::SUCCESS
 }

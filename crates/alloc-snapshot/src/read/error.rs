@@ -163,6 +163,69 @@ pub enum ReadWarning {
         /// How many entries, over every device, have it.
         count: usize,
     },
+    /// Segments whose blocks do not tile them: torch writes each block right after the one
+    /// before it, from the segment's address to its `total_size`, and memory_viz's `stats`
+    /// asserts that they add up. One warning for all such segments, naming the first.
+    Untiled {
+        /// The first such segment's index in `segments`.
+        segment: usize,
+        /// What is wrong with it.
+        how: Untiled,
+        /// How many segments do not tile.
+        count: usize,
+    },
+}
+
+/// How a segment's blocks fail to tile it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Untiled {
+    /// Block `block` does not start where the one before it ends (or, for the first, at the
+    /// segment's address).
+    Misplaced {
+        /// The block's index in the segment.
+        block: usize,
+        /// Where it starts.
+        address: i64,
+        /// Where it should start.
+        expected: i64,
+    },
+    /// Block `block` has a negative size, or ends past the largest address.
+    BadSize {
+        /// The block's index in the segment.
+        block: usize,
+    },
+    /// The blocks end elsewhere than at the segment's end.
+    Total {
+        /// The sum of the blocks' sizes.
+        blocks: i64,
+        /// The segment's `total_size`.
+        total_size: i64,
+    },
+}
+
+impl fmt::Display for Untiled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Untiled::Misplaced {
+                block,
+                address,
+                expected,
+            } => write!(
+                f,
+                "blocks[{block}] starts at {address:#x}, not at {expected:#x} where the blocks \
+                 before it end"
+            ),
+            Untiled::BadSize { block } => write!(
+                f,
+                "blocks[{block}] has a negative size or ends past the largest address"
+            ),
+            Untiled::Total { blocks, total_size } => write!(
+                f,
+                "the blocks' sizes add up to {blocks}, not to the segment's total_size \
+                 {total_size}"
+            ),
+        }
+    }
 }
 
 impl fmt::Display for ReadWarning {
@@ -179,6 +242,18 @@ impl fmt::Display for ReadWarning {
                     f,
                     "device_traces[{device}][{index}].action: unknown action {action:?} kept as \
                      is ({count} entr{s})"
+                )
+            }
+            ReadWarning::Untiled {
+                segment,
+                how,
+                count,
+            } => {
+                let s = if *count == 1 { "" } else { "s" };
+                write!(
+                    f,
+                    "segments[{segment}]: {how}; read as is, but memory_viz would refuse it \
+                     ({count} segment{s} so)"
                 )
             }
         }

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::Read;
-use super::error::{ReadError, ReadWarning};
+use super::error::{ReadError, ReadWarning, Untiled};
 use super::value::{Doc, Value};
 use crate::model::{
     Action, AllocatorSettings, Block, BlockState, Divisions, Frame, Segment, SegmentType, Snapshot,
@@ -106,6 +106,29 @@ impl fmt::Display for Path<'_> {
             Path::Index(parent, i) => write!(f, "{parent}[{i}]"),
         }
     }
+}
+
+/// How `segment`'s blocks fail to tile it, if they do.
+fn untiled(segment: &Segment) -> Option<Untiled> {
+    let mut end = segment.address;
+    for (block, b) in segment.blocks.iter().enumerate() {
+        if b.address != end {
+            return Some(Untiled::Misplaced {
+                block,
+                address: b.address,
+                expected: end,
+            });
+        }
+        end = match b.address.checked_add(b.size) {
+            Some(e) if b.size >= 0 => e,
+            _ => return Some(Untiled::BadSize { block }),
+        };
+    }
+    let blocks = end.saturating_sub(segment.address);
+    (blocks != segment.total_size).then_some(Untiled::Total {
+        blocks,
+        total_size: segment.total_size,
+    })
 }
 
 /// `found` is `None` for a missing key.
@@ -280,9 +303,27 @@ impl<'d> Walk<'d> {
         let items = self.seq(v, path)?;
         let mut segments = Vec::new();
         for (i, &s) in items.iter().enumerate() {
-            segments.push(self.segment(s, &path.index(i))?);
+            let segment = self.segment(s, &path.index(i))?;
+            if let Some(how) = untiled(&segment) {
+                self.untiled(i, how);
+            }
+            segments.push(segment);
         }
         Ok(segments)
+    }
+
+    fn untiled(&mut self, segment: usize, how: Untiled) {
+        for w in &mut self.warnings {
+            if let ReadWarning::Untiled { count, .. } = w {
+                *count += 1;
+                return;
+            }
+        }
+        self.warnings.push(ReadWarning::Untiled {
+            segment,
+            how,
+            count: 1,
+        });
     }
 
     fn segment(&mut self, v: Value, path: &Path<'_>) -> Result<Segment, ReadError> {
