@@ -324,12 +324,20 @@ impl State {
 }
 
 /// `" (read as 1)"` when the text of a float is not what it parsed to (a number with more digits
-/// than an `f64` holds), so a user sees why `0.99999999999999999999` is out of (0, 1).
+/// than an `f64` holds), so a user sees why `0.99999999999999999999` is out of (0, 1). A value
+/// far from 1 is written in exponent form, which is also taken as its shortest text, so that
+/// `1e300` is not echoed with 300 digits.
 fn read_as(text: &str, v: f64) -> String {
-    if text.parse::<f64>().is_ok_and(|p| format!("{p}") == text) {
+    let exponent = v != 0.0 && !(1e-4..1e16).contains(&v.abs());
+    let shortest = if exponent {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    };
+    if text == shortest || text == format!("{v}") {
         String::new()
     } else {
-        format!(" (read as {v})")
+        format!(" (read as {shortest})")
     }
 }
 

@@ -197,6 +197,12 @@ mod tests {
         // `>` alone starts after bucket 0.
         let t = parse("[>:4]").unwrap();
         assert_eq!(t, [0, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4]);
+        // Entries apply in order, as in torch: a first `K:D` after `>` still fills below it,
+        // and a second `>` starts after the entry before it.
+        let t = parse("[>:4,64:8]").unwrap();
+        assert_eq!(t, [8, 8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4, 4, 4, 4, 4]);
+        let t = parse("[2:1,>:4,256:2,>:16]").unwrap();
+        assert_eq!(t, [1, 1, 4, 4, 4, 4, 4, 4, 2, 16, 16, 16, 16, 16, 16, 16]);
         // Intervals beyond 32 GiB clamp to bucket 15; 1 MiB is bucket 0.
         let t = parse("[1:2,65536:4]").unwrap();
         assert_eq!(t[0], 2);

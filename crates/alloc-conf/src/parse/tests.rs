@@ -241,6 +241,25 @@ fn key_garbage_collection_threshold() {
         p.warnings[0].message,
         "garbage_collect_threshold is invalid, set it in (0.0, 1.0), got 1e-400 (read as 0)"
     );
+    // A value far from 1 is written in exponent form, not with hundreds of digits.
+    let message = |s: &str| parse(s).warnings[0].message.clone();
+    assert_eq!(
+        message("per_process_memory_fraction:1e300"),
+        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got 1e300"
+    );
+    assert_eq!(
+        message("per_process_memory_fraction:1E300"),
+        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got 1E300 (read as 1e300)"
+    );
+    assert_eq!(
+        message("per_process_memory_fraction:100000000000000000001"),
+        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got \
+         100000000000000000001 (read as 1e20)"
+    );
+    assert_eq!(
+        message("per_process_memory_fraction:12345678.25"),
+        "per_process_memory_fraction is invalid, set it in [0.0, 1.0], got 12345678.25"
+    );
 }
 
 #[test]
