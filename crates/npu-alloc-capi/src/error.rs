@@ -77,7 +77,11 @@ impl From<RuntimeError<AclError>> for Fail {
             RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. })
             | RuntimeError::Saver(
                 SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. },
-            ) => NpuAllocStatus::OutOfMemory,
+            )
+            | RuntimeError::SaverStopped {
+                error: SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. },
+                ..
+            } => NpuAllocStatus::OutOfMemory,
             RuntimeError::Free(
                 FreeError::ForeignPointer { .. } | FreeError::NotAllocated { .. },
             ) => NpuAllocStatus::UnknownPointer,
@@ -85,10 +89,15 @@ impl From<RuntimeError<AclError>> for Fail {
             | RuntimeError::Fraction(FractionError::OutOfRange(_)) => {
                 NpuAllocStatus::InvalidArgument
             }
-            RuntimeError::Saver(SaverError::Device(_)) => NpuAllocStatus::DeviceError,
+            RuntimeError::Saver(SaverError::Device(_))
+            | RuntimeError::SaverStopped {
+                error: SaverError::Device(_),
+                ..
+            } => NpuAllocStatus::DeviceError,
             RuntimeError::Pool(_)
             | RuntimeError::Alloc(AllocError::Paused { .. } | AllocError::Pool(_))
             | RuntimeError::Saver(_)
+            | RuntimeError::SaverStopped { .. }
             | RuntimeError::ScopeNotOpen
             | RuntimeError::NoCaching
             | RuntimeError::Snapshot(_) => NpuAllocStatus::Refused,

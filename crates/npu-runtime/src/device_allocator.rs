@@ -133,6 +133,11 @@ pub(crate) struct DeviceAllocator<D: Device> {
 pub type SyncHook = std::sync::Arc<dyn Fn(u32) -> bool + Send + Sync>;
 
 impl<D: Device> DeviceAllocator<D> {
+    /// The device's index.
+    pub(crate) fn index(&self) -> u32 {
+        self.index
+    }
+
     /// The allocator of `device` (device `facts.index`); logs each of its notices once.
     pub(crate) fn new(
         device: Shared<D>,

@@ -35,6 +35,16 @@ pub enum RuntimeError<E = AclError> {
     Pool(PoolError),
     /// The memory saver's `pause` or `resume` failed or was refused.
     Saver(SaverError<E>),
+    /// A `pause` or `resume` failed on `device` after devices before it had acted: what they
+    /// did stays done, the devices after it are untouched, and the call can be made again.
+    SaverStopped {
+        /// The device it failed on.
+        device: u32,
+        /// The bytes the devices before it paused or resumed.
+        bytes_done: u64,
+        /// Why it failed there.
+        error: SaverError<E>,
+    },
     /// A scope (`use_mem_pool`, `region`) was ended that this thread has not open.
     ScopeNotOpen,
     /// A private-pool or memory-saver call while caching is off
@@ -89,7 +99,11 @@ impl<E> RuntimeError<E> {
             RuntimeError::Device(e)
             | RuntimeError::Alloc(AllocError::Device(e))
             | RuntimeError::Free(FreeError::Device(e))
-            | RuntimeError::Saver(SaverError::Device(e)) => Some(e),
+            | RuntimeError::Saver(SaverError::Device(e))
+            | RuntimeError::SaverStopped {
+                error: SaverError::Device(e),
+                ..
+            } => Some(e),
             _ => None,
         }
     }
@@ -115,6 +129,15 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
             RuntimeError::Device(e) => write!(f, "NPU error: {e}"),
             RuntimeError::Pool(e) => e.fmt(f),
             RuntimeError::Saver(e) => e.fmt(f),
+            RuntimeError::SaverStopped {
+                device,
+                bytes_done,
+                error,
+            } => write!(
+                f,
+                "device {device}: {error}; the devices before it had done {bytes_done} bytes \
+                 and stay so, the devices after it are untouched"
+            ),
             RuntimeError::ScopeNotOpen => {
                 f.write_str("no such memory pool or memory saver scope is open on this thread")
             }

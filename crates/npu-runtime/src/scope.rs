@@ -252,6 +252,7 @@ where
 
     /// Runs a pause or resume on each opened device and adds up the bytes. A device that does
     /// not know the tag is passed over; a refusal is returned only if no device did anything.
+    /// Another error stops the call there, named by its device once a device before it acted.
     fn each_device_saver(
         &self,
         tag: Option<&str>,
@@ -270,6 +271,13 @@ where
                 Err(SaverError::UnknownTag(_)) => {}
                 Err(e @ (SaverError::AlreadyPaused(_) | SaverError::NotPaused(_))) => {
                     refusal.get_or_insert(e);
+                }
+                Err(error) if did => {
+                    return Err(RuntimeError::SaverStopped {
+                        device: a.index(),
+                        bytes_done: bytes,
+                        error,
+                    });
                 }
                 Err(e) => return Err(e.into()),
             }

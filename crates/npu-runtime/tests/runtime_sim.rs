@@ -276,3 +276,43 @@ fn with_a_host_queue_the_hook_runs_without_the_lock_before_cached_memory_goes_ba
     assert_eq!(rt.memory_reserved(0).unwrap(), 200 * MIB + 2 * MIB);
     rt.free(y).unwrap();
 }
+
+#[test]
+fn a_resume_that_fails_on_a_later_device_names_it_and_what_the_earlier_ones_did() {
+    let rt = sim::runtime(2, 256 * MIB, Config::default());
+    for device in 0..2 {
+        let _region = rt.region(device, "weights", false).unwrap();
+        rt.malloc(40 * MIB, device, S0).unwrap();
+    }
+    assert_eq!(rt.pause(Some("weights")).unwrap(), 2 * 42 * MIB);
+    // Device 1's freed memory is taken by another allocation meanwhile.
+    let free1 = rt.mem_get_info(1).unwrap().0;
+    let filler = rt.malloc(free1 - 2 * MIB, 1, S0).unwrap();
+    let e = rt.resume(None).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            RuntimeError::SaverStopped {
+                device: 1,
+                bytes_done,
+                error: npu_runtime::SaverError::OutOfMemory { .. },
+            } if bytes_done == 42 * MIB
+        ),
+        "{e:?}"
+    );
+    let message = e.to_string();
+    assert!(
+        message.starts_with("device 1: ")
+            && message.ends_with(
+                "; the devices before it had done 44040192 bytes and stay so, the devices \
+                 after it are untouched"
+            ),
+        "{message}"
+    );
+    // Device 0 stays resumed; once the memory is back, the call is made again for device 1.
+    assert_eq!(rt.memory_saver_stats(0).unwrap().paused_bytes.current, 0);
+    rt.free(filler).unwrap();
+    rt.empty_cache().unwrap();
+    assert_eq!(rt.resume(None).unwrap(), 42 * MIB);
+    assert_eq!(rt.memory_saver_stats(1).unwrap().paused_bytes.current, 0);
+}
