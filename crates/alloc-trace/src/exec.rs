@@ -1293,19 +1293,35 @@ impl Executor {
                 Err(e) if injected(&e) => self.counts.device_errors += 1,
                 Err(e) => return Err(ExecError::Device(e)),
             },
-            Outcome::Saver { pause, result, .. } => match result {
-                Ok(0) => {}
-                Ok(_) if pause => self.counts.pauses += 1,
-                Ok(_) => self.counts.resumes += 1,
-                Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
-                Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
-                Err(SaverError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
-                Err(SaverError::Device(e)) => return Err(ExecError::Device(e)),
-                Err(e) => return Err(ExecError::Saver(e)),
-            },
+            Outcome::Saver { pause, result, .. } => {
+                if !self.count_saver(pause, &result)
+                    && let Err(e) = result
+                {
+                    match e {
+                        SaverError::Device(e) if injected(&e) => self.counts.device_errors += 1,
+                        SaverError::Device(e) => return Err(ExecError::Device(e)),
+                        e => return Err(ExecError::Saver(e)),
+                    }
+                }
+            }
             _ => {}
         }
         Ok(())
+    }
+
+    /// Counts a pause's or resume's result that a replay goes on after: bytes moved, or the
+    /// out-of-memory of a resume (device) or a pause (host). Any other error is the caller's to
+    /// judge: `false`.
+    fn count_saver(&mut self, pause: bool, result: &Result<u64, SaverError<DeviceErr>>) -> bool {
+        match result {
+            Ok(0) => {}
+            Ok(_) if pause => self.counts.pauses += 1,
+            Ok(_) => self.counts.resumes += 1,
+            Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
+            Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
+            Err(_) => return false,
+        }
+        true
     }
 
     fn calls(&self) -> [u64; DeviceCall::ALL.len()] {
@@ -1609,14 +1625,9 @@ impl Executor {
                 format!("{what} returned {result:?} (faults fired: {fired:?})"),
             ));
         }
-        match result {
-            Ok(0) => {}
-            Ok(_) if pause => self.counts.pauses += 1,
-            Ok(_) => self.counts.resumes += 1,
-            Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
-            Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
-            Err(SaverError::Device(_)) => self.counts.device_errors += 1,
-            Err(_) => {}
+        // Checked above: a device error here is an injected one.
+        if !self.count_saver(pause, &result) && matches!(result, Err(SaverError::Device(_))) {
+            self.counts.device_errors += 1;
         }
         self.stats_are(&before.stats, &what)
     }
