@@ -510,3 +510,24 @@ fn a_range_is_sized_from_the_known_total_when_mem_info_fails() {
     assert_eq!(device(&a).2, vec![(B, 58 * 20 * MIB)]);
     assert_eq!(a.device().calls(DeviceCall::MemInfo), 2);
 }
+
+/// A range whose first map ran out of memory holds no page; torch_npu keeps such a range in its
+/// pool's `unmapped` set for good and reserves another at the next miss, which only
+/// `pool.blocks` are released from (docs/deviations.md). Here the next miss reuses it, and
+/// `empty_cache` gives it back.
+#[test]
+fn a_range_that_never_mapped_is_reused_and_released() {
+    let mut a = expandable(GIB, "");
+    for _ in 0..2 {
+        assert!(matches!(
+            a.malloc(2 * GIB, S0),
+            Err(AllocError::OutOfMemory(_))
+        ));
+        assert_eq!(device(&a).0, 0);
+        assert_eq!(device(&a).2.len(), 1);
+    }
+    a.empty_cache().unwrap();
+    assert_eq!(device(&a), (0, 0, vec![]));
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    check_consistency(&a);
+}

@@ -132,3 +132,54 @@ fn pools_get_their_own_expandable_segments() {
     a.malloc_in(30 * MIB, S0, pool).unwrap();
     check_consistency(&a);
 }
+
+/// A pool's expandable segments count per reserved range, not per map call as torch_npu's
+/// `npuMalloc_count` does (docs/deviations.md): after two map calls into one range and an
+/// unmap of each half, torch_npu's count would go below zero (an internal assert in
+/// `empty_cache`); here the range is one segment of the pool, released once.
+#[test]
+fn a_pools_expandable_range_counts_once_however_often_it_maps() {
+    let mut a = cuda(GIB, &conf("expandable_segments:True"));
+    let pool = a.create_pool().unwrap();
+    // One map call of 3 pages, then two 20 MiB blocks in it.
+    let x = a.malloc_in(60 * MIB, S0, pool).unwrap();
+    a.free(x).unwrap();
+    let p = a.malloc_in(20 * MIB, S0, pool).unwrap();
+    let q = a.malloc_in(20 * MIB, S0, pool).unwrap();
+    assert_eq!(stat(&a, "num_device_alloc"), 1);
+    a.free(p).unwrap();
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    // The free page before q and the one after it are unmapped: two unmaps of one range.
+    assert_eq!(stat(&a, "num_device_free"), 2);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (20 * MIB) as i64);
+    // The pool still has q's range, so it is kept until q goes.
+    assert_eq!(a.private_pools(), [pool]);
+    check_consistency(&a);
+    a.free(q).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert!(a.expandable_segments().is_empty());
+    assert_eq!(a.private_pools(), []);
+    check_consistency(&a);
+}
+
+/// Two map calls into one range (torch_npu would count 2, take 1 off for the one unmap, and keep
+/// the released pool for good): here the pool goes with its range.
+#[test]
+fn a_released_pool_goes_with_its_last_expandable_range() {
+    let mut a = cuda(GIB, &conf("expandable_segments:True"));
+    let pool = a.create_pool().unwrap();
+    let x = a.malloc_in(8 * MIB, S0, pool).unwrap();
+    let y = a.malloc_in(16 * MIB, S0, pool).unwrap();
+    assert_eq!(stat(&a, "num_device_alloc"), 2);
+    assert_eq!(a.expandable_segments().len(), 1);
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(a.private_pools(), []);
+    check_consistency(&a);
+}
