@@ -269,22 +269,23 @@ impl<D: Device> Allocator<D> {
     /// Blocks of expandable segments stay where they are; while `expandable_segments` is off,
     /// best fit passes over them. Turning expandable segments on probes the device again; without
     /// support they stay off and a notice is recorded. Returns whether expandable segments are on.
+    ///
+    /// As in torch_npu, two values stay those the allocator was built with: the memory fraction
+    /// (its limit is set once, from the configuration, when the device's allocator is made; only
+    /// [`Allocator::set_memory_fraction`] changes it later) and the `max_split_size` stat, which
+    /// torch_npu also sets only then, though the policy follows the new `max_split_size_mb`.
     pub fn set_conf(&mut self, conf: &AllocConf) -> bool {
         let was = self.conf.expandable_segments;
         let max_split_changed = self.conf.max_split_size != conf.max_split_size;
         self.conf = conf.clone();
         self.cache_conf();
-        self.stats.max_split_size = conf.max_split_size;
         if max_split_changed {
             self.recount_oversize();
         }
         if conf.expandable_segments && !was && !self.probe_virtual_memory() {
             self.conf.expandable_segments = false;
         }
-        self.fraction = conf.per_process_memory_fraction;
-        if self.fraction < 1.0 {
-            self.refresh_total_memory();
-        }
+        // The garbage-collection threshold may have been reset.
         self.apply_limits();
         self.conf.expandable_segments
     }

@@ -616,6 +616,8 @@ struct Before {
     calls: [u64; DeviceCall::ALL.len()],
     /// Whether expandable segments were on.
     expandable: bool,
+    /// The `max_split_size_mb` in force.
+    max_split_size: Option<u64>,
 }
 
 /// Runs operations through the allocator on the simulated device, with or without checks.
@@ -762,6 +764,7 @@ impl Executor {
             stats: self.alloc.stats(),
             calls: self.calls(),
             expandable: self.alloc.conf().expandable_segments,
+            max_split_size: self.alloc.conf().max_split_size,
         });
         let paused: Vec<u64> = if self.alloc.paused_bytes() > 0 {
             self.alloc
@@ -1454,14 +1457,14 @@ impl Executor {
                         ),
                     ));
                 }
+                // The `max_split_size` stat keeps its start value, as in torch_npu; the
+                // oversize counts follow a new limit (recounted by the invariants).
                 let mut expected = before.stats.clone();
-                if expected.max_split_size != asked.max_split_size {
-                    // The oversize counts follow the new limit (recounted by the invariants).
+                if before.max_split_size != asked.max_split_size {
                     let now = self.alloc.stats();
                     expected.oversize_allocations = now.oversize_allocations;
                     expected.oversize_segments = now.oversize_segments;
                 }
-                expected.max_split_size = asked.max_split_size;
                 self.stats_are(&expected, "set_allocator_settings")?;
             }
             Outcome::ResetAccumulated => {

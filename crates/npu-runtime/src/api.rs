@@ -108,9 +108,9 @@ impl<D: Device> Runtime<D> {
 pub struct Runtime<D: Device> {
     open: Box<Opener<D>>,
     config: Config,
-    /// The run-time settings so far: the configuration devices opened from now on start from,
-    /// and every `set_allocator_settings` string in order (each device applies the ones it has
-    /// not seen, under this lock, so none is missed by a device that opens meanwhile).
+    /// The run-time settings so far: the configuration they give, and every
+    /// `set_allocator_settings` string in order (each device applies the ones it has not seen,
+    /// under this lock, so none is missed by a device that opens meanwhile).
     pub(crate) settings: Mutex<(alloc_conf::AllocConf, Vec<String>)>,
     devices: Vec<Slot<D>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
@@ -191,9 +191,10 @@ where
             let (dev, facts) = (self.open)(device).map_err(RuntimeError::Device)?;
             let dev = Shared::new(dev);
             let entry = if self.config.caching {
-                let settings = self.settings.lock();
-                let (conf, applied) = (&settings.0, settings.1.len() as u64);
-                Entry::Caching(DeviceAllocator::new(dev.clone(), facts, conf, applied))
+                // Built as torch_npu builds every device's allocator at start-up, from the start
+                // configuration (its memory fraction and `max_split_size` stat come from there);
+                // the run-time settings so far are applied just below.
+                Entry::Caching(DeviceAllocator::new(dev.clone(), facts, &self.config.alloc))
             } else {
                 Entry::Uncached(Uncached::new(dev.clone(), facts.index, facts.pad))
             };
@@ -209,8 +210,10 @@ where
     }
 
     /// torch's `torch.npu.memory._set_allocator_settings(settings)`: changes
-    /// `expandable_segments`, `max_split_size_mb`, `max_non_split_rounding_mb`,
-    /// `release_lock_on_npumalloc` or `per_process_memory_fraction` while the allocator runs,
+    /// `expandable_segments`, `max_split_size_mb`, `max_non_split_rounding_mb` or
+    /// `release_lock_on_npumalloc` while the allocator runs (`per_process_memory_fraction` is
+    /// read but, as in torch_npu, changes no device's limit: `set_per_process_memory_fraction`
+    /// does),
     /// on every device (read on top of each device's configuration, and of the runtime's for
     /// devices opened later). As in torch_npu, `max_split_size_mb`, `roundup_power2_divisions`
     /// and `garbage_collection_threshold` go back to their defaults unless the string sets them
@@ -389,7 +392,7 @@ where
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.stats(),
             _ => DeviceStats {
-                max_split_size: self.settings.lock().0.max_split_size,
+                max_split_size: self.config.alloc.max_split_size,
                 ..DeviceStats::default()
             },
         })
@@ -458,7 +461,7 @@ where
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.fraction(),
             Some(Entry::Uncached(_)) => 1.0,
-            None => self.settings.lock().0.per_process_memory_fraction,
+            None => self.config.alloc.per_process_memory_fraction,
         })
     }
 

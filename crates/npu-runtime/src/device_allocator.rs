@@ -138,20 +138,16 @@ impl<D: Device> DeviceAllocator<D> {
         self.index
     }
 
-    /// The allocator of `device` (device `facts.index`); logs each of its notices once.
-    pub(crate) fn new(
-        device: Shared<D>,
-        facts: DeviceFacts,
-        conf: &AllocConf,
-        settings_applied: u64,
-    ) -> Self {
+    /// The allocator of `device` (device `facts.index`) with the start configuration `conf`,
+    /// no run-time settings applied yet; logs each of its notices once.
+    pub(crate) fn new(device: Shared<D>, facts: DeviceFacts, conf: &AllocConf) -> Self {
         let allocator = Allocator::new(device.clone(), conf, facts);
         for notice in allocator.notices() {
             warn_once(&notice.to_string());
         }
         DeviceAllocator {
             index: facts.index,
-            settings_applied: AtomicU64::new(settings_applied),
+            settings_applied: AtomicU64::new(0),
             device,
             inner: Mutex::new(allocator),
             sync_hook: Mutex::new(None),

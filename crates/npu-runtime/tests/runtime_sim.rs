@@ -316,3 +316,41 @@ fn a_resume_that_fails_on_a_later_device_names_it_and_what_the_earlier_ones_did(
     assert_eq!(rt.resume(None).unwrap(), 42 * MIB);
     assert_eq!(rt.memory_saver_stats(1).unwrap().paused_bytes.current, 0);
 }
+
+/// As in torch_npu, whose device allocators are built at start-up and read the memory fraction
+/// and the `max_split_size` stat only then: a run-time call changes neither, on a device opened
+/// before it or after it, while the policy follows the new `max_split_size_mb`.
+#[test]
+fn run_time_settings_change_neither_the_fraction_limit_nor_the_max_split_size_stat() {
+    let config = Config {
+        alloc: alloc_conf::parse("max_split_size_mb:64").conf,
+        ..Config::default()
+    };
+    let rt = sim::runtime(2, 1024 * MIB, config);
+    let a = rt.malloc(MIB, 0, S0).unwrap();
+    assert!(
+        rt.set_allocator_settings("per_process_memory_fraction:0.25,max_split_size_mb:128")
+            .is_empty()
+    );
+    assert_eq!(rt.device_stats(1).unwrap().max_split_size, Some(64 * MIB));
+    assert_eq!(rt.get_per_process_memory_fraction(1).unwrap(), 1.0);
+    for device in 0..2 {
+        // 600 MiB is above a quarter of the device: no limit refuses it.
+        let big = rt.malloc(600 * MIB, device, S0).unwrap();
+        let s = rt.device_stats(device).unwrap();
+        assert_eq!(s.max_split_size, Some(64 * MIB));
+        assert_eq!(s.num_ooms, 0);
+        assert_eq!(rt.get_per_process_memory_fraction(device).unwrap(), 1.0);
+        let conf = rt.allocator_settings(device).unwrap();
+        assert_eq!(conf.max_split_size, Some(128 * MIB));
+        assert_eq!(conf.per_process_memory_fraction, 0.25);
+        // The policy follows the new limit: a 600 MiB block is oversize at 128 MiB.
+        assert_eq!(s.oversize_allocations.current, 1);
+        rt.free(big).unwrap();
+    }
+    // `set_per_process_memory_fraction` does change the limit.
+    rt.empty_cache().unwrap();
+    rt.set_per_process_memory_fraction(0.25, 0).unwrap();
+    assert!(rt.malloc(600 * MIB, 0, S0).is_err());
+    rt.free(a).unwrap();
+}
