@@ -13,6 +13,7 @@ use crate::block::BlockId;
 use crate::device::Device;
 use crate::error::FreeError;
 use crate::history::Action;
+use crate::private_pool::PoolSet;
 
 impl<D: Device> Allocator<D> {
     /// Frees the allocation at `addr` (0 is a no-op). A block used on other streams returns to its
@@ -182,6 +183,16 @@ impl<D: Device> Allocator<D> {
             self.complete_event(event, id);
         }
         Ok(())
+    }
+
+    /// torch's `synchronize_and_free_events(pool)`, after the device synchronized: completes the
+    /// events of private pool set `set`'s blocks only, and counts a synchronization all the same.
+    pub(crate) fn free_events_of(&mut self, set: PoolSet) {
+        self.stats.num_sync_all_streams += 1;
+        let blocks = &self.blocks;
+        for (event, id) in self.events.take_where(|id| blocks[id].set == set) {
+            self.complete_event(event, id);
+        }
     }
 
     /// Releases a completed event; the block's last one returns it to its pool.

@@ -117,12 +117,24 @@ impl<D: Device> Allocator<D> {
     }
 
     /// [`Allocator::release_cached_blocks`] for every pool (`None`), or for private pool
-    /// `Some(id)` alone, which is emptied only if it is freeable (torch's `emptyCache(id)`).
+    /// `Some(id)` alone (torch_npu's `emptyCache(id)`): the device is synchronized, and only if
+    /// the pool is freeable are the events of its blocks completed (counted in
+    /// `num_sync_all_streams`) and its free segments given back; other blocks' events stay
+    /// pending.
     pub(crate) fn release_cached_blocks_of(
         &mut self,
         only: Option<PoolId>,
     ) -> Result<(), D::Error> {
-        self.synchronize_and_free_events()?;
+        let freeable = self.freeable_sets(only);
+        if only.is_none() {
+            self.synchronize_and_free_events()?;
+        } else {
+            self.device.synchronize()?;
+            let Some(&set) = freeable.first() else {
+                return Ok(());
+            };
+            self.free_events_of(set);
+        }
         if self.live_expandable > 0
             || !self.parked.pages.is_empty()
             || !self.parked.ranges.is_empty()
@@ -130,7 +142,6 @@ impl<D: Device> Allocator<D> {
             release_result(self.retry_parked())?;
         }
         self.retry_parked_host();
-        let freeable = self.freeable_sets(only);
         let default = only
             .is_none()
             .then_some((0, [PoolKind::Large, PoolKind::Small]));

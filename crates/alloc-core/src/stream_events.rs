@@ -71,6 +71,22 @@ impl<E, S: Ord> EventQueues<E, S> {
         popped
     }
 
+    /// Takes the queued events whose block `pick` chooses, stream by stream, each stream's
+    /// oldest first, counting them as completed; the others stay queued in their order.
+    pub(crate) fn take_where(
+        &mut self,
+        mut pick: impl FnMut(BlockId) -> bool,
+    ) -> Vec<(E, BlockId)> {
+        let mut taken = Vec::new();
+        for (_, queue) in &mut self.queues {
+            let (chosen, kept): (Queue<E>, Queue<E>) = queue.drain(..).partition(|e| pick(e.1));
+            *queue = kept;
+            taken.extend(chosen);
+        }
+        self.pending -= taken.len();
+        taken
+    }
+
     /// Takes every queued event and its block, stream by stream, each stream's oldest first,
     /// counting them all as completed.
     pub(crate) fn take_all(&mut self) -> Vec<(E, BlockId)> {

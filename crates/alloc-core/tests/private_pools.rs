@@ -52,6 +52,40 @@ fn a_held_pool_keeps_its_cache_and_a_released_one_is_emptied_and_forgotten() {
     check_consistency(&a);
 }
 
+/// torch_npu's `emptyCache(id)`: after the device's synchronization, only a freeable pool's
+/// events are completed (`synchronize_and_free_events(pool)`, one `num_sync_all_streams`);
+/// a held pool's call completes none, and other blocks' events stay pending either way.
+#[test]
+fn emptying_a_pool_completes_only_that_pools_events_and_only_once_it_is_released() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(1000, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    a.free(x).unwrap();
+    let pool = a.create_pool().unwrap();
+    let y = a.malloc_in(30 * MIB, S0, pool).unwrap();
+    a.record_stream(y, S1).unwrap();
+    a.free(y).unwrap();
+    let syncs = stat(&a, "num_sync_all_streams");
+    assert_eq!(stat(&a, "active.all.current"), 2);
+    a.empty_pool_cache(pool).unwrap();
+    assert_eq!(stat(&a, "num_sync_all_streams"), syncs);
+    assert_eq!(stat(&a, "active.all.current"), 2);
+    assert_eq!(a.device().calls(DeviceCall::Synchronize), 1);
+    // Released: y's event completes and its segment goes back; x's stays pending.
+    a.release_pool(pool).unwrap();
+    a.empty_pool_cache(pool).unwrap();
+    assert_eq!(stat(&a, "num_sync_all_streams"), syncs + 1);
+    assert_eq!(stat(&a, "active.all.current"), 1);
+    assert_eq!(stat(&a, "active_bytes.all.current"), 1024);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (2 * MIB) as i64);
+    assert!(a.private_pools().is_empty());
+    check_consistency(&a);
+    // The next malloc processes x's event, which the synchronization completed: x is reused.
+    assert_eq!(a.malloc(1000, S0).unwrap(), x);
+    assert_eq!(stat(&a, "active.all.current"), 1);
+    check_consistency(&a);
+}
+
 #[test]
 fn a_live_block_keeps_a_released_pool_until_it_is_freed() {
     let mut a = cuda(GIB, &AllocConf::default());
