@@ -38,9 +38,9 @@ use crate::error::{
     ACL_ERROR_RT_MEMORY_ALLOCATION, AclError,
 };
 use crate::types::{
-    AclCode, DevicePtr, EventFlags, EventRecordedStatus, EventStatus, MemAttr,
-    MemGranularityOptions, MemMallocPolicy, MemcpyKind, PhysicalMemProp, RawDrvMemHandle, RawEvent,
-    RawStream,
+    AclCode, CannPackage, CannPackageVersion, DevicePtr, EventFlags, EventRecordedStatus,
+    EventStatus, MemAttr, MemGranularityOptions, MemMallocPolicy, MemcpyKind, PhysicalMemProp,
+    RawDrvMemHandle, RawEvent, RawStream,
 };
 
 /// Result of this crate's calls.
@@ -166,6 +166,7 @@ acl_functions! {
         aclrtMapMem(*mut c_void, usize, usize, RawDrvMemHandle, u64) -> AclCode;
         aclrtUnmapMem(*mut c_void) -> AclCode;
         aclrtMemGetAllocationGranularity(*mut PhysicalMemProp, MemGranularityOptions, *mut usize) -> AclCode;
+        aclsysGetCANNVersion(CannPackage, *mut CannPackageVersion) -> AclCode;
     }
     one_of {
         [aclrtCreateEventWithFlag, aclrtCreateEvent]
@@ -620,6 +621,18 @@ impl Lib {
         self.check("aclrtFreeWithDevSync", code)
     }
 
+    /// `aclsysGetCANNVersion(package, &version)` (optional, CANN 8.1 and later): the package's
+    /// version string, as `8.1.RC1` or `25.0.rc1`.
+    pub fn cann_version(&self, package: CannPackage) -> Result<String> {
+        let f = optional!(self.aclsysGetCANNVersion);
+        let mut version = CannPackageVersion::default();
+        // SAFETY: the out-pointer is a valid, writable local of the C struct's layout, which the
+        // function fills in (512 bytes).
+        let code = unsafe { f(package, &mut version) };
+        self.check("aclsysGetCANNVersion", code)?;
+        Ok(version.version())
+    }
+
     /// `aclrtGetMemInfo(attr, &free, &total)` for the current device: `(free, total)` bytes.
     pub fn get_mem_info(&self, attr: MemAttr) -> Result<(usize, usize)> {
         let (mut free, mut total) = (0usize, 0usize);
@@ -1012,7 +1025,7 @@ mod tests {
         for s in VMM_SYMBOLS.iter().chain(HOST_COPY_SYMBOLS) {
             assert!(OPTIONAL_SYMBOLS.contains(s), "{s}");
         }
-        assert_eq!(OPTIONAL_SYMBOLS.len(), 23);
+        assert_eq!(OPTIONAL_SYMBOLS.len(), 24);
         assert_eq!(REQUIRED_SYMBOLS.len(), 12);
         assert!(REQUIRED_SYMBOLS.contains(&"aclrtGetMemInfo"));
         assert!(OPTIONAL_SYMBOLS.contains(&"aclrtMallocAlign32"));

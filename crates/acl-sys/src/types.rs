@@ -347,6 +347,78 @@ pub struct MemLocation {
     pub kind: MemLocationType,
 }
 
+c_enum! {
+    /// A CANN package whose version `aclsysGetCANNVersion` reports (`acl.h`).
+    CannPackage: "aclCANNPackageName" {
+        /// `ACL_PKG_NAME_CANN`: the CANN toolkit.
+        CANN = 0,
+        /// `ACL_PKG_NAME_RUNTIME`.
+        RUNTIME = 1,
+        /// `ACL_PKG_NAME_COMPILER`.
+        COMPILER = 2,
+        /// `ACL_PKG_NAME_HCCL`.
+        HCCL = 3,
+        /// `ACL_PKG_NAME_TOOLKIT`.
+        TOOLKIT = 4,
+        /// `ACL_PKG_NAME_OPP`.
+        OPP = 5,
+        /// `ACL_PKG_NAME_OPP_KERNEL`.
+        OPP_KERNEL = 6,
+        /// `ACL_PKG_NAME_DRIVER`: the NPU driver (HDK).
+        DRIVER = 7,
+    }
+}
+
+/// `ACL_PKG_VERSION_MAX_SIZE`.
+pub const PKG_VERSION_MAX_SIZE: usize = 128;
+/// `ACL_PKG_VERSION_PARTS_MAX_SIZE`.
+pub const PKG_VERSION_PARTS_MAX_SIZE: usize = 64;
+
+/// `aclCANNPackageVersion`: what `aclsysGetCANNVersion` fills in (512 bytes of NUL-terminated
+/// strings, C layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CannPackageVersion {
+    /// `version`: the whole version, e.g. `8.1.RC1` or `25.0.rc1`.
+    pub version: [u8; PKG_VERSION_MAX_SIZE],
+    /// `majorVersion`.
+    pub major: [u8; PKG_VERSION_PARTS_MAX_SIZE],
+    /// `minorVersion`.
+    pub minor: [u8; PKG_VERSION_PARTS_MAX_SIZE],
+    /// `releaseVersion`.
+    pub release: [u8; PKG_VERSION_PARTS_MAX_SIZE],
+    /// `patchVersion`.
+    pub patch: [u8; PKG_VERSION_PARTS_MAX_SIZE],
+    /// `reserved`.
+    pub reserved: [u8; PKG_VERSION_MAX_SIZE],
+}
+
+impl Default for CannPackageVersion {
+    fn default() -> Self {
+        CannPackageVersion {
+            version: [0; PKG_VERSION_MAX_SIZE],
+            major: [0; PKG_VERSION_PARTS_MAX_SIZE],
+            minor: [0; PKG_VERSION_PARTS_MAX_SIZE],
+            release: [0; PKG_VERSION_PARTS_MAX_SIZE],
+            patch: [0; PKG_VERSION_PARTS_MAX_SIZE],
+            reserved: [0; PKG_VERSION_MAX_SIZE],
+        }
+    }
+}
+
+impl CannPackageVersion {
+    /// The `version` string: up to its first NUL (or the whole field without one), with any
+    /// invalid UTF-8 replaced.
+    pub fn version(&self) -> String {
+        let end = self
+            .version
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(PKG_VERSION_MAX_SIZE);
+        String::from_utf8_lossy(&self.version[..end]).into_owned()
+    }
+}
+
 /// `aclrtPhysicalMemProp`, the description of a physical allocation (32 bytes, C layout).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -396,6 +468,21 @@ mod tests {
         assert_eq!(offset_of!(PhysicalMemProp, location.kind), 16);
         assert_eq!(offset_of!(PhysicalMemProp, reserve), 24);
         assert_eq!(size_of::<MemLocation>(), 8);
+    }
+
+    #[test]
+    fn cann_package_version_matches_the_header() {
+        assert_eq!(size_of::<CannPackageVersion>(), 512);
+        assert_eq!(offset_of!(CannPackageVersion, major), 128);
+        assert_eq!(offset_of!(CannPackageVersion, patch), 320);
+        assert_eq!(offset_of!(CannPackageVersion, reserved), 384);
+        assert_eq!(size_of::<CannPackage>(), 4);
+        assert_eq!((CannPackage::CANN.0, CannPackage::DRIVER.0), (0, 7));
+        let mut v = CannPackageVersion::default();
+        v.version[..7].copy_from_slice(b"8.1.RC1");
+        assert_eq!(v.version(), "8.1.RC1");
+        v.version = [b'9'; PKG_VERSION_MAX_SIZE];
+        assert_eq!(v.version().len(), PKG_VERSION_MAX_SIZE);
     }
 
     #[test]

@@ -51,6 +51,10 @@ pub struct DeviceFacts {
     pub total_memory: Option<u64>,
     /// Whose behaviour to follow where torch_npu and CUDA differ.
     pub flavour: Flavour,
+    /// Whether the device can back `page_size:1g` with 1 GiB pages (torch_npu: CANN 8.1.RC1
+    /// and driver 25.0.RC1 or later). Without, the setting is ignored with a notice, as
+    /// torch_npu ignores it with a warning.
+    pub huge_pages_1g: bool,
 }
 
 impl DeviceFacts {
@@ -62,6 +66,7 @@ impl DeviceFacts {
             pad: 32,
             total_memory: None,
             flavour: Flavour::TorchNpu,
+            huge_pages_1g: true,
         }
     }
 
@@ -72,6 +77,7 @@ impl DeviceFacts {
             pad: 0,
             total_memory: None,
             flavour: Flavour::Cuda,
+            huge_pages_1g: true,
         }
     }
 }
@@ -91,11 +97,14 @@ pub enum Notice {
     /// `expandable_segments:True` was asked for but the probe reservation failed with an error:
     /// it runs as `False` (torch_npu raises the error instead).
     ExpandableSegmentsProbeFailed,
+    /// `page_size:1g` was asked for but the device cannot give 1 GiB pages (torch_npu's gate:
+    /// CANN 8.1.RC1 and driver 25.0.RC1 or later): it runs as if unset, as torch_npu does.
+    PageSize1gUnsupported,
 }
 
 impl Notice {
     /// How many kinds of notice there are.
-    pub const KINDS: usize = 4;
+    pub const KINDS: usize = 5;
 }
 
 impl core::fmt::Display for Notice {
@@ -112,6 +121,9 @@ impl core::fmt::Display for Notice {
             }
             Notice::ExpandableSegmentsProbeFailed => {
                 "expandable_segments setting failure, now change to `False`: reserving 512 bytes of virtual address space failed"
+            }
+            Notice::PageSize1gUnsupported => {
+                "The application for 1G large-page physical memory failed: page_size:1g is ignored (segments and expandable pages are sized as without it), because 1G large pages need CANN 8.1.RC1 and a driver (HDK) of 25.0.RC1 or later, and the versions found are older or could not be read. Please upgrade the CANN and driver packages."
             }
         })
     }
@@ -203,7 +215,11 @@ impl<D: Device> Allocator<D> {
         let total_memory = facts
             .total_memory
             .or_else(|| device.mem_info().ok().map(|m| m.total));
-        let conf = conf.clone();
+        let mut conf = conf.clone();
+        let gated = conf.page_size.is_some() && !facts.huge_pages_1g;
+        if gated {
+            conf.page_size = None;
+        }
         let fraction = conf.per_process_memory_fraction;
         let stats = Counters {
             max_split_size: conf.max_split_size,
@@ -237,6 +253,9 @@ impl<D: Device> Allocator<D> {
             notices: Notices::new(),
         };
         allocator.cache_conf();
+        if gated {
+            allocator.notice(Notice::PageSize1gUnsupported);
+        }
         if allocator.conf.garbage_collection_threshold.is_some() && total_memory.is_none() {
             allocator.notice(Notice::GcWithoutMemInfo);
         }

@@ -370,6 +370,45 @@ fn page_size_1g_maps_whole_gib_in_the_large_pool_only() {
     check_consistency(&a);
 }
 
+/// torch_npu's version gate (`IsMallocPage1GMem`): without 1 GiB pages on the device (CANN or
+/// driver too old), `page_size:1g` is ignored with a notice, for expandable pages and plain
+/// segments alike.
+#[test]
+fn page_size_1g_is_ignored_with_a_notice_where_the_device_has_no_1g_pages() {
+    let facts = alloc_core::DeviceFacts {
+        huge_pages_1g: false,
+        ..alloc_core::DeviceFacts::cuda_parity(0)
+    };
+    let gated = |extra: &str| {
+        alloc_core::Allocator::new(
+            TestDevice::new(SimDevice::new(4 * GIB)),
+            &conf(&format!("page_size:1g{extra}")),
+            facts,
+        )
+    };
+    let mut a = gated(",expandable_segments:True");
+    assert_eq!(a.notices(), [Notice::PageSize1gUnsupported]);
+    assert_eq!(a.conf().page_size, None);
+    a.malloc(8 * MIB, S0).unwrap();
+    // 20 MiB pages, as without the setting.
+    assert_eq!(
+        stat(&a, "reserved_bytes.large_pool.current"),
+        (20 * MIB) as i64
+    );
+    check_consistency(&a);
+    let mut b = gated("");
+    b.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(
+        stat(&b, "reserved_bytes.large_pool.current"),
+        (30 * MIB) as i64
+    );
+    // With 1 GiB pages the same request takes a whole GiB.
+    let mut c = cuda(4 * GIB, &conf("page_size:1g"));
+    assert!(c.notices().is_empty());
+    c.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(stat(&c, "reserved_bytes.large_pool.current"), GIB as i64);
+}
+
 #[test]
 fn each_stream_gets_its_own_segment_and_waits_for_its_events() {
     let mut a = expandable(GIB, "");

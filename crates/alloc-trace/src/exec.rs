@@ -91,6 +91,7 @@ impl Setup {
             pad: self.pad,
             total_memory: None,
             flavour: self.flavour,
+            huge_pages_1g: true,
         };
         Allocator::new(TestDevice::new(device), &self.conf, facts)
     }

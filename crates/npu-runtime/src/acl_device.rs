@@ -35,8 +35,8 @@ use std::cell::Cell;
 use std::path::Path;
 
 use acl_sys::{
-    ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_MEMORY_ALLOCATION, AclError, DevicePtr, Event,
-    EventFlags, HostMem, Lib, MemAttr, MemMallocPolicy, PhysicalMem, PhysicalMemProp,
+    ACL_ERROR_INVALID_PARAM, ACL_ERROR_RT_MEMORY_ALLOCATION, AclError, CannPackage, DevicePtr,
+    Event, EventFlags, HostMem, Lib, MemAttr, MemMallocPolicy, PhysicalMem, PhysicalMemProp,
     RESERVE_MEM_FLAG_COMPAT,
 };
 use alloc_core::{Device, DeviceError, DeviceFacts, MemInfo, VmmError};
@@ -195,14 +195,26 @@ impl AclPlatform {
         32
     }
 
+    /// Whether `page_size:1g` gets 1 GiB pages here: torch_npu's gate, CANN 8.1.RC1 and driver
+    /// 25.0.RC1 or later as `aclsysGetCANNVersion` reports them (a library without it, or a
+    /// version it cannot report or that cannot be read, counts as too old).
+    pub fn huge_pages_1g(&self) -> bool {
+        let version = |package| self.lib.cann_version(package).ok();
+        let (cann, driver) = (version(CannPackage::CANN), version(CannPackage::DRIVER));
+        crate::cann_version::huge_pages_1g(cann.as_deref(), driver.as_deref())
+    }
+
     /// A runtime over every device of this library with `config`.
     pub fn runtime(self, config: Config) -> NpuAllocator {
         let count = self.device_count;
+        // As torch_npu, the versions are asked only when `page_size:1g` is set.
+        let huge_pages_1g = config.alloc.page_size.is_none() || self.huge_pages_1g();
         Runtime::new(
             count,
             move |index| {
                 let facts = DeviceFacts {
                     pad: self.pad(),
+                    huge_pages_1g,
                     ..DeviceFacts::npu(index)
                 };
                 Ok((self.open(index)?, facts))

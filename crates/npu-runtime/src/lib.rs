@@ -21,6 +21,7 @@
 
 mod acl_device;
 mod api;
+mod cann_version;
 mod config;
 mod device_allocator;
 mod error;

@@ -653,3 +653,47 @@ fn a_size_past_every_limit_is_out_of_memory_in_the_fake_not_an_abort() {
     }
     assert_eq!(fake.used(0), 0);
 }
+
+/// torch_npu's gate for `page_size:1g` (`IsMallocPage1GMem`): 1 GiB pages only with CANN
+/// 8.1.RC1 and driver 25.0.RC1 or later, as `aclsysGetCANNVersion` reports them; otherwise the
+/// setting is ignored (with a warning) and segments are sized as without it.
+#[test]
+fn page_size_1g_follows_torch_npus_version_gate() {
+    let config = || Config {
+        alloc: alloc_conf::parse("page_size:1g").conf,
+        ..Config::default()
+    };
+    let fake = FakeAcl::new(Variant::Full, 4 << 30, 1);
+    let segment = |fake: &FakeAcl| {
+        let (platform, rt) = platform_and_runtime(fake, config());
+        let p = rt.malloc(30 * MIB, 0, Stream::DEFAULT).unwrap();
+        let reserved = stat(&rt, "reserved_bytes.large_pool.current");
+        let page_size = rt.allocator_settings(0).unwrap().page_size;
+        rt.free(p).unwrap();
+        rt.empty_cache().unwrap();
+        (platform.huge_pages_1g(), reserved, page_size)
+    };
+    // The fake reports CANN 8.5.0 and driver 25.5.0: a whole GiB.
+    assert_eq!(segment(&fake), (true, 1 << 30, Some(1 << 30)));
+    assert_eq!(fake.calls("aclsysGetCANNVersion"), 4);
+    for (cann, driver) in [
+        (Some("8.0.RC3"), Some("25.5.0")),
+        (Some("8.5.0"), Some("24.1.0")),
+        (None, Some("25.5.0")),
+        (Some("8.5.0"), None),
+    ] {
+        fake.set_versions(cann, driver);
+        // 30 MiB and the 32-byte pad, rounded to 2 MiB.
+        assert_eq!(segment(&fake), (false, 32 << 20, None), "{cann:?} {driver:?}");
+    }
+    fake.set_versions(Some("8.1.RC1"), Some("25.0.RC1"));
+    assert_eq!(segment(&fake), (true, 1 << 30, Some(1 << 30)));
+    // Without the setting no version is asked.
+    let before = fake.calls("aclsysGetCANNVersion");
+    let (_platform, rt) = platform_and_runtime(&fake, Config::default());
+    rt.malloc(30 * MIB, 0, Stream::DEFAULT).unwrap();
+    assert_eq!(fake.calls("aclsysGetCANNVersion"), before);
+    // A CANN without aclsysGetCANNVersion counts as too old.
+    let legacy = FakeAcl::new(Variant::Legacy, 4 << 30, 1);
+    assert_eq!(segment(&legacy), (false, 32 << 20, None));
+}

@@ -174,6 +174,22 @@ impl FakeAcl {
         unsafe { self.sym::<unsafe extern "C" fn(u32)>("fake_acl_report_devices")(count) }
     }
 
+    /// Makes `aclsysGetCANNVersion` report these CANN and driver versions (`None`: the query
+    /// fails with 207000) until the next reset.
+    pub fn set_versions(&self, cann: Option<&str>, driver: Option<&str>) {
+        let c = |v: Option<&str>| v.map(|v| std::ffi::CString::new(v).expect("no NUL"));
+        let (cann, driver) = (c(cann), c(driver));
+        let ptr =
+            |v: &Option<std::ffi::CString>| v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: the fake's `void f(const char *, const char *)` control; both strings are
+        // NUL-terminated and outlive the call.
+        unsafe {
+            self.sym::<unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char)>(
+                "fake_acl_set_versions",
+            )(ptr(&cann), ptr(&driver))
+        }
+    }
+
     /// Drops every injected failure still waiting for its call.
     pub fn clear_failures(&self) {
         self.unit("fake_acl_clear_failures");

@@ -32,8 +32,10 @@
 //!   arguments of `aclrtSetDevice`, the VMM calls and the host-memory calls
 //!   ([`fake_acl_call_details`]).
 //!
-//! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32` and
-//! `aclrtQueryEventStatus`, like an old CANN, so the runtime's fallbacks can be tested. With the
+//! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32`,
+//! `aclrtQueryEventStatus` and `aclsysGetCANNVersion`, like an old CANN, so the runtime's
+//! fallbacks can be tested. `aclsysGetCANNVersion` otherwise reports CANN 8.5.0 and driver
+//! 25.5.0, or what a test sets ([`fake_acl_set_versions`]). With the
 //! `no-vmm` feature it lacks the VMM symbols (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
 //! `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`, `aclrtUnmapMem`,
 //! `aclrtMemGetAllocationGranularity`), like a CANN older than virtual memory: `dlsym` of them
@@ -267,6 +269,8 @@ struct State {
     failures: HashMap<String, VecDeque<AclCode>>,
     /// What `aclrtGetDeviceCount` reports instead of the real count (a broken library).
     reported_devices: Option<u32>,
+    /// What `aclsysGetCANNVersion` reports for CANN and for the driver (`None`: 207000).
+    versions: [Option<String>; 2],
     /// Live `aclrtMallocHost` memory: address → size. A reset forgets it without freeing it,
     /// so host memory a test still holds stays valid.
     host: BTreeMap<u64, u64>,
@@ -290,6 +294,10 @@ impl State {
             details: Vec::new(),
             failures: HashMap::new(),
             reported_devices: None,
+            versions: [
+                Some(DEFAULT_CANN_VERSION.to_owned()),
+                Some(DEFAULT_DRIVER_VERSION.to_owned()),
+            ],
             host: BTreeMap::new(),
         }
     }
@@ -1481,6 +1489,40 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
     })
 }
 
+/// The CANN version `aclsysGetCANNVersion` reports until a test sets another.
+const DEFAULT_CANN_VERSION: &str = "8.5.0";
+/// The driver version it reports until a test sets another.
+const DEFAULT_DRIVER_VERSION: &str = "25.5.0";
+/// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`.
+const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: AclCode = 207_000;
+
+/// `aclsysGetCANNVersion(name, &version)`: the CANN package (0) and the driver (7) report what
+/// [`fake_acl_set_versions`] set (8.5.0 and 25.5.0 after a reset), or 207000 where it set
+/// none; another package or a null pointer is 100000. Only `version` is filled in (the rest of
+/// the struct is zeroed). Not in the `legacy-cann` build, as in a CANN older than 8.1.
+///
+/// # Safety
+/// `version` must be null or valid for a write of an `aclCANNPackageVersion` (512 bytes).
+#[cfg(not(feature = "legacy-cann"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclsysGetCANNVersion(name: u32, version: *mut [u8; 512]) -> AclCode {
+    call_with_args("aclsysGetCANNVersion", Some(format!("name={name}")), |s| {
+        let reported = match name {
+            0 => &s.versions[0],
+            7 => &s.versions[1],
+            _ => return ACL_ERROR_INVALID_PARAM,
+        };
+        let Some(text) = reported else {
+            return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+        };
+        let mut out = [0u8; 512];
+        // Kept below 128 bytes by `fake_acl_set_versions`.
+        out[..text.len()].copy_from_slice(text.as_bytes());
+        // SAFETY: per the C contract `version` is null or writable for 512 bytes.
+        unsafe { write_out(version, out) }
+    })
+}
+
 // ---- test controls --------------------------------------------------------------------------
 
 /// Reads a symbol name passed by a test.
@@ -1516,6 +1558,20 @@ pub extern "C" fn fake_acl_clear_failures() {
 #[unsafe(no_mangle)]
 pub extern "C" fn fake_acl_report_devices(count: u32) {
     state().reported_devices = Some(count);
+}
+
+/// Sets what `aclsysGetCANNVersion` reports for CANN and for the driver until the next reset;
+/// a null string makes that package's query fail with 207000 (feature not supported). A string
+/// of 128 bytes or more, or not UTF-8, counts as null.
+///
+/// # Safety
+/// Each argument must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_set_versions(cann: *const c_char, driver: *const c_char) {
+    // SAFETY: forwarded from the caller.
+    let read = |p| unsafe { name_arg(p) }.filter(|v| v.len() < 128);
+    let versions = [read(cann), read(driver)];
+    state().versions = versions;
 }
 
 /// How many times the ACL function `name` was called since the last reset (0 for null).
