@@ -154,10 +154,24 @@ void *npu_alloc_base_alloc(void *ptr, uintptr_t *size);
 void npu_alloc_record_stream(void *ptr, const struct NpuAllocStreamRepr *stream);
 
 /**
- * torch_npu's `erase_stream_fn(ptr, stream)`: torch's `eraseStream` undoes a `record_stream`
- * for graph capture, which npu-alloc does not implement; a no-op.
+ * torch_npu's `erase_stream_fn(ptr, stream)`: a no-op, as [`npu_alloc_record_stream`] records
+ * nothing (it cannot read the stream's handle from its arguments), so there is nothing to
+ * undo. With handles, [`npu_alloc_erase_stream_handle`] undoes
+ * [`npu_alloc_record_stream_handle`].
  */
 void npu_alloc_erase_stream(void *_ptr, const struct NpuAllocStreamRepr *_stream);
+
+/**
+ * torch_npu's `eraseStream(ptr, stream)` with the stream's `aclrtStream` handle: undoes
+ * [`npu_alloc_record_stream_handle`], so that freeing `ptr` waits for no work on `stream`. As
+ * in torch_npu, call it only for an allocation made on its device's current stream (npu-alloc
+ * does not know which stream is current). A NULL `ptr` is [`NpuAllocStatus::InvalidArgument`];
+ * a pointer that is not a live allocation, [`NpuAllocStatus::UnknownPointer`].
+ *
+ * # Safety
+ * `stream` is NULL (the default stream) or a live `aclrtStream` of the block's device.
+ */
+enum NpuAllocStatus npu_alloc_erase_stream_handle(void *ptr, void *stream);
 
 /**
  * `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is

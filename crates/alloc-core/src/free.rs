@@ -79,6 +79,31 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
+    /// torch_npu's `eraseStream`: undoes `record_stream(addr, stream)`, so that the free of the
+    /// allocation at `addr` waits for no work on `stream` (HCCL calls it once a collective no
+    /// longer needs the tensor). A live block has no event yet (they are recorded when it is
+    /// freed), so only its streams change; a stream it was not used on changes nothing.
+    /// torch_npu's wrapper also skips the call unless the block was allocated on the device's
+    /// current stream: there is no current stream here, so that check is the caller's.
+    pub fn erase_stream(
+        &mut self,
+        addr: u64,
+        stream: D::Stream,
+    ) -> Result<(), FreeError<D::Error>> {
+        if addr == 0 {
+            return Ok(());
+        }
+        let id = self.live_block(addr)?;
+        if let Some(uses) = self.stream_uses.get_mut(&id) {
+            uses.retain(|&s| s != stream);
+            if uses.is_empty() {
+                self.stream_uses.remove(&id);
+                self.blocks[id].used_elsewhere = false;
+            }
+        }
+        Ok(())
+    }
+
     /// The live block at `addr`, or why there is none.
     #[inline(always)]
     fn live_block(&self, addr: u64) -> Result<BlockId, FreeError<D::Error>> {

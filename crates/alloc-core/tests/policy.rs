@@ -324,6 +324,46 @@ fn bad_frees_are_typed_errors_and_change_nothing() {
     check_consistency(&a);
 }
 
+/// torch_npu's `eraseStream` undoes `record_stream`: the free waits only for the streams left.
+#[test]
+fn erase_stream_undoes_record_stream() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let x = a.malloc(4096, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    a.record_stream(x, S2).unwrap();
+    a.erase_stream(x, S1).unwrap();
+    // A stream it was not used on (its own, or one never recorded) changes nothing.
+    a.erase_stream(x, S0).unwrap();
+    a.erase_stream(x, S1).unwrap();
+    a.free(x).unwrap();
+    assert_eq!(a.pending_events(), 1, "only S2's event");
+    assert_eq!(stat(&a, "active.all.current"), 1);
+    a.device_mut().complete_stream(S2);
+    a.process_events().unwrap();
+    assert_eq!(stat(&a, "active.all.current"), 0);
+    // Every stream erased: the free waits for nothing, and the block is reused at once.
+    let y = a.malloc(4096, S0).unwrap();
+    assert_eq!(y, x);
+    a.record_stream(y, S1).unwrap();
+    a.erase_stream(y, S1).unwrap();
+    a.free(y).unwrap();
+    assert_eq!(a.pending_events(), 0);
+    assert_eq!(a.malloc(4096, S0), Ok(x));
+    // Errors as record_stream's; nothing changes.
+    let before = a.stats();
+    assert_eq!(
+        a.erase_stream(x + 512, S1),
+        Err(FreeError::NotAllocated { addr: x + 512 })
+    );
+    assert_eq!(
+        a.erase_stream(0xdead_0000, S1),
+        Err(FreeError::ForeignPointer { addr: 0xdead_0000 })
+    );
+    assert_eq!(a.erase_stream(0, S1), Ok(()));
+    assert_eq!(a.stats(), before);
+    check_consistency(&a);
+}
+
 #[test]
 fn empty_cache_frees_only_whole_segments() {
     let mut a = cuda(GIB, &AllocConf::default());

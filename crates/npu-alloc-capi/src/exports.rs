@@ -228,10 +228,35 @@ pub extern "C" fn npu_alloc_record_stream(ptr: *mut c_void, stream: *const NpuAl
     });
 }
 
-/// torch_npu's `erase_stream_fn(ptr, stream)`: torch's `eraseStream` undoes a `record_stream`
-/// for graph capture, which npu-alloc does not implement; a no-op.
+/// torch_npu's `erase_stream_fn(ptr, stream)`: a no-op, as [`npu_alloc_record_stream`] records
+/// nothing (it cannot read the stream's handle from its arguments), so there is nothing to
+/// undo. With handles, [`npu_alloc_erase_stream_handle`] undoes
+/// [`npu_alloc_record_stream_handle`].
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_erase_stream(_ptr: *mut c_void, _stream: *const NpuAllocStreamRepr) {}
+
+/// torch_npu's `eraseStream(ptr, stream)` with the stream's `aclrtStream` handle: undoes
+/// [`npu_alloc_record_stream_handle`], so that freeing `ptr` waits for no work on `stream`. As
+/// in torch_npu, call it only for an allocation made on its device's current stream (npu-alloc
+/// does not know which stream is current). A NULL `ptr` is [`NpuAllocStatus::InvalidArgument`];
+/// a pointer that is not a live allocation, [`NpuAllocStatus::UnknownPointer`].
+///
+/// # Safety
+/// `stream` is NULL (the default stream) or a live `aclrtStream` of the block's device.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_erase_stream_handle(
+    ptr: *mut c_void,
+    stream: *mut c_void,
+) -> NpuAllocStatus {
+    status(|| {
+        if ptr.is_null() {
+            return Err(Fail::invalid("erase_stream: null pointer"));
+        }
+        // SAFETY: forwarded from the caller's contract.
+        let stream = unsafe { self::stream(stream) };
+        Ok(runtime()?.erase_stream(ptr as usize as u64, stream)?)
+    })
+}
 
 /// `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is
 /// reused only after the work queued on `stream` when it is freed has completed. A NULL `ptr`

@@ -318,6 +318,21 @@ where
         })
     }
 
+    /// torch_npu's `erase_stream(ptr, stream)`: undoes `record_stream(ptr, stream)`, so that
+    /// freeing `ptr` waits for no work on `stream`. torch_npu skips it unless `ptr` was
+    /// allocated on its device's current stream; the runtime has no current stream, so that
+    /// check is the caller's. Errors as [`Runtime::record_stream`]'s.
+    pub fn erase_stream(&self, addr: u64, stream: D::Stream) -> Result<(), D::Error> {
+        if addr == 0 {
+            return Ok(());
+        }
+        self.route(addr, |entry| match entry {
+            Entry::Caching(a) => a.erase_stream(addr, stream),
+            Entry::Uncached(u) if u.contains(addr) => Ok(()),
+            Entry::Uncached(_) => Err(FreeError::ForeignPointer { addr }.into()),
+        })
+    }
+
     /// Runs `op` on the device that owns `addr`, until a device answers something other than
     /// [`FreeError::ForeignPointer`]: first each opened device whose span holds `addr` (the
     /// fast path, no lock but the owner's), then, if none did, every device, each read under its

@@ -279,6 +279,15 @@ impl<D: Device> DeviceAllocator<D> {
         Ok(self.lock().record_stream(addr, stream)?)
     }
 
+    /// `erase_stream(ptr, stream)`.
+    pub(crate) fn erase_stream(
+        &self,
+        addr: u64,
+        stream: D::Stream,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        Ok(self.lock().erase_stream(addr, stream)?)
+    }
+
     /// `empty_cache()`.
     pub(crate) fn empty_cache(&self) -> Result<(), RuntimeError<D::Error>> {
         self.lock().empty_cache().map_err(RuntimeError::Device)

@@ -684,7 +684,11 @@ fn page_size_1g_follows_torch_npus_version_gate() {
     ] {
         fake.set_versions(cann, driver);
         // 30 MiB and the 32-byte pad, rounded to 2 MiB.
-        assert_eq!(segment(&fake), (false, 32 << 20, None), "{cann:?} {driver:?}");
+        assert_eq!(
+            segment(&fake),
+            (false, 32 << 20, None),
+            "{cann:?} {driver:?}"
+        );
     }
     fake.set_versions(Some("8.1.RC1"), Some("25.0.RC1"));
     assert_eq!(segment(&fake), (true, 1 << 30, Some(1 << 30)));

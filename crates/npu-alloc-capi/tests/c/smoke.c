@@ -59,6 +59,9 @@ int main(void) {
   CHECK(npu_alloc_record_stream_handle(a, NULL) == NpuAllocStatus_Ok);
   CHECK(npu_alloc_record_stream_handle(NULL, NULL) == NpuAllocStatus_InvalidArgument);
   npu_alloc_erase_stream(a, NULL);
+  CHECK(npu_alloc_erase_stream_handle(a, NULL) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_erase_stream_handle(NULL, NULL) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_erase_stream_handle((void *)0x1234, NULL) == NpuAllocStatus_UnknownPointer);
 
   /* Errors: out of range, NaN, unknown pointer, double free, out of memory. */
   CHECK(npu_alloc_malloc(1000, 7, NULL) == NULL);
