@@ -187,6 +187,7 @@ impl AclPlatform {
             platform: self.clone(),
             index,
             pool: Vec::new(),
+            pages_1g: false,
         })
     }
 
@@ -209,6 +210,7 @@ impl AclPlatform {
         let count = self.device_count;
         // As torch_npu, the versions are asked only when `page_size:1g` is set.
         let huge_pages_1g = config.alloc.page_size.is_none() || self.huge_pages_1g();
+        let pages_1g = config.alloc.page_size.is_some() && huge_pages_1g;
         Runtime::new(
             count,
             move |index| {
@@ -217,7 +219,7 @@ impl AclPlatform {
                     huge_pages_1g,
                     ..DeviceFacts::npu(index)
                 };
-                Ok((self.open(index)?, facts))
+                Ok((self.open(index)?.with_1g_pages(pages_1g), facts))
             },
             config,
         )
@@ -336,6 +338,22 @@ pub struct AclDevice {
     index: u32,
     /// Completed events, ready to be recorded again.
     pool: Vec<Event>,
+    /// torch_npu's `page_size:1g` in force: segments of whole GiB and pages of exactly 1 GiB
+    /// ask for 1 GiB pages first.
+    pages_1g: bool,
+}
+
+impl AclDevice {
+    /// With `on`, as torch_npu does under `page_size:1g` (where CANN and the driver have 1 GiB
+    /// pages): a segment of a whole number of GiB (every large-pool segment then) asks
+    /// `aclrtMallocAlign32` for `ACL_MEM_MALLOC_HUGE1G_ONLY`, and a page of exactly 1 GiB (an
+    /// expandable segment's large-pool page then) `aclrtMallocPhysical` for
+    /// `ACL_HBM_MEM_HUGE1G`; either retries once with 2 MiB pages if that fails, with
+    /// torch_npu's warning. Off (the default), every call asks for 2 MiB pages.
+    pub fn with_1g_pages(mut self, on: bool) -> AclDevice {
+        self.pages_1g = on;
+        self
+    }
 }
 
 impl std::fmt::Debug for AclDevice {
@@ -365,11 +383,21 @@ impl Device for AclDevice {
         let p = &self.platform;
         p.bind(self.index).map_err(DeviceError::Other)?;
         let size = usize::try_from(bytes).map_err(|_| DeviceError::OutOfMemory)?;
-        let policy = MemMallocPolicy::HUGE_FIRST;
-        let result = if p.align32 {
-            p.lib.malloc_align32(size, policy)
+        let malloc = |policy| {
+            if p.align32 {
+                p.lib.malloc_align32(size, policy)
+            } else {
+                p.lib.malloc(size, policy)
+            }
+        };
+        let result = if self.pages_1g && bytes.is_multiple_of(HUGE1G_PAGE) {
+            // torch_npu's `AclrtMallocAlign32`: any failure retries with the usual pages.
+            malloc(MemMallocPolicy::HUGE1G_ONLY).or_else(|_| {
+                warn_once(HUGE1G_FALLBACK_WARNING);
+                malloc(MemMallocPolicy::HUGE_FIRST)
+            })
         } else {
-            p.lib.malloc(size, policy)
+            malloc(MemMallocPolicy::HUGE_FIRST)
         };
         match result {
             Ok(ptr) => Ok(ptr.addr()),
@@ -449,7 +477,7 @@ impl Device for AclDevice {
         // No page that size can exist, as in `malloc`.
         let size = usize::try_from(bytes).map_err(|_| VmmError::OutOfMemory)?;
         let huge = PhysicalMemProp::device(self.index, MemAttr::HBM_MEM_HUGE);
-        if bytes != HUGE1G_PAGE {
+        if !self.pages_1g || bytes != HUGE1G_PAGE {
             return p.lib.malloc_physical(size, &huge).map_err(page_error);
         }
         let huge1g = PhysicalMemProp::device(self.index, MemAttr::HBM_MEM_HUGE1G);
@@ -652,7 +680,7 @@ mod tests {
         let fake = FakeAcl::new(Variant::Full, 4 << 30, 1);
         // SAFETY: the fake libascendcl built from this workspace.
         let platform = unsafe { AclPlatform::load(fake.path()) }.unwrap();
-        let mut device = platform.open(0).unwrap();
+        let mut device = platform.open(0).unwrap().with_1g_pages(true);
         fake.fail_next("aclrtMallocPhysical", 207_001, 1);
         let page = device.create_page(HUGE1G_PAGE).unwrap();
         assert_eq!(fake.calls("aclrtMallocPhysical"), 2);

@@ -673,9 +673,34 @@ fn page_size_1g_follows_torch_npus_version_gate() {
         rt.empty_cache().unwrap();
         (platform.huge_pages_1g(), reserved, page_size)
     };
-    // The fake reports CANN 8.5.0 and driver 25.5.0: a whole GiB.
+    // The fake reports CANN 8.5.0 and driver 25.5.0: a whole GiB, of 1 GiB pages
+    // (`ACL_MEM_MALLOC_HUGE1G_ONLY`, 6).
+    fake.clear_log();
     assert_eq!(segment(&fake), (true, 1 << 30, Some(1 << 30)));
     assert_eq!(fake.calls("aclsysGetCANNVersion"), 4);
+    let mallocs = |fake: &FakeAcl| -> Vec<String> {
+        let details = fake.call_details();
+        details
+            .into_iter()
+            .filter(|d| d.starts_with("aclrtMallocAlign32"))
+            .collect()
+    };
+    assert_eq!(
+        mallocs(&fake),
+        ["aclrtMallocAlign32(size=1073741824, policy=6)"]
+    );
+    // 1 GiB pages fail: one retry with the usual pages (HUGE_FIRST, 0), as torch_npu's
+    // AclrtMallocAlign32 does.
+    fake.clear_log();
+    fake.fail_next("aclrtMallocAlign32", 207_001, 1);
+    assert_eq!(segment(&fake), (true, 1 << 30, Some(1 << 30)));
+    assert_eq!(
+        mallocs(&fake),
+        [
+            "aclrtMallocAlign32(size=1073741824, policy=6)",
+            "aclrtMallocAlign32(size=1073741824, policy=0)"
+        ]
+    );
     for (cann, driver) in [
         (Some("8.0.RC3"), Some("25.5.0")),
         (Some("8.5.0"), Some("24.1.0")),
@@ -683,11 +708,16 @@ fn page_size_1g_follows_torch_npus_version_gate() {
         (Some("8.5.0"), None),
     ] {
         fake.set_versions(cann, driver);
-        // 30 MiB and the 32-byte pad, rounded to 2 MiB.
+        // 30 MiB and the 32-byte pad, rounded to 2 MiB, of 2 MiB pages.
+        fake.clear_log();
         assert_eq!(
             segment(&fake),
             (false, 32 << 20, None),
             "{cann:?} {driver:?}"
+        );
+        assert_eq!(
+            mallocs(&fake),
+            ["aclrtMallocAlign32(size=33554432, policy=0)"]
         );
     }
     fake.set_versions(Some("8.1.RC1"), Some("25.0.RC1"));

@@ -7,8 +7,8 @@
 //!   32 GiB), read on first use; [`fake_acl_reset`] starts over with new numbers;
 //! - deterministic addresses: device `d`'s segments start at `0x1000_0000_0000 + d << 40`,
 //!   2 MiB aligned, lowest free address first;
-//! - ACL's sizes: `aclrtMalloc` charges `align32(size) + 32` bytes, `aclrtMallocAlign32`
-//!   charges `align32(size)`; out of capacity is 207001 with an `EL0004` message;
+//! - ACL's sizes: `aclrtMalloc` charges `align32(size) + 32` bytes (no pad with the 1 GiB-page
+//!   policies, 6 and 7), `aclrtMallocAlign32` charges `align32(size)`; out of capacity is 207001 with an `EL0004` message;
 //! - memory calls need `aclInit` and a device set on the calling thread (`aclrtSetDevice`),
 //!   as real ACL does, else 100001 / 107002;
 //! - events complete only when a test says so ([`fake_acl_complete_all_events`]) or when the
@@ -29,7 +29,8 @@
 //!   checking every range;
 //! - injectable error codes ([`fake_acl_fail_next`]), per-symbol call counters
 //!   ([`fake_acl_calls`]), an ordered call log ([`fake_acl_call_log`]) and the same log with the
-//!   arguments of `aclrtSetDevice`, the VMM calls and the host-memory calls
+//!   arguments of `aclrtSetDevice`, the mallocs (size and policy), the VMM calls and the
+//!   host-memory calls
 //!   ([`fake_acl_call_details`]).
 //!
 //! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32`,
@@ -733,9 +734,11 @@ fn malloc_impl(
     name: &'static str,
     dev_ptr: *mut *mut c_void,
     size: usize,
+    policy: u32,
     charged: Option<u64>,
 ) -> AclCode {
-    device_call(name, |s, device| {
+    let args = format!("size={size}, policy={policy}");
+    device_call_with_args(name, Some(args), |s, device| {
         if dev_ptr.is_null() || size == 0 {
             return ACL_ERROR_INVALID_PARAM;
         }
@@ -858,13 +861,16 @@ pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> AclCode {
 pub unsafe extern "C" fn aclrtMalloc(
     dev_ptr: *mut *mut c_void,
     size: usize,
-    _policy: u32,
+    policy: u32,
 ) -> AclCode {
+    // The 1 GiB-page policies (HUGE1G_ONLY and its P2P form) get no pad.
+    let pad = if matches!(policy, 6 | 7) { 0 } else { 32 };
     malloc_impl(
         "aclrtMalloc",
         dev_ptr,
         size,
-        align32(size).and_then(|a| a.checked_add(32)),
+        policy,
+        align32(size).and_then(|a| a.checked_add(pad)),
     )
 }
 
@@ -877,9 +883,9 @@ pub unsafe extern "C" fn aclrtMalloc(
 pub unsafe extern "C" fn aclrtMallocAlign32(
     dev_ptr: *mut *mut c_void,
     size: usize,
-    _policy: u32,
+    policy: u32,
 ) -> AclCode {
-    malloc_impl("aclrtMallocAlign32", dev_ptr, size, align32(size))
+    malloc_impl("aclrtMallocAlign32", dev_ptr, size, policy, align32(size))
 }
 
 /// `aclrtFree(p)`: frees at once, no synchronization; an unknown address is 107000.
