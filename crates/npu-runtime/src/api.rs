@@ -193,7 +193,10 @@ where
             let entry = if self.config.caching {
                 // Built as torch_npu builds every device's allocator at start-up, from the start
                 // configuration (its memory fraction and `max_split_size` stat come from there);
-                // the run-time settings so far are applied just below.
+                // the run-time settings so far are applied just below. Built under the settings
+                // lock, so that a `set_allocator_settings` that finds this device opened is
+                // ordered after its construction.
+                let _settings = self.settings.lock();
                 Entry::Caching(DeviceAllocator::new(dev.clone(), facts, &self.config.alloc))
             } else {
                 Entry::Uncached(Uncached::new(dev.clone(), facts.index, facts.pad))
