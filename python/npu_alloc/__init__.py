@@ -25,7 +25,8 @@ import threading
 __all__ = [
     "NpuAllocError", "OutOfMemoryError", "library_path", "malloc", "free", "memory_stats",
     "empty_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
-    "record_memory_history", "dump_snapshot", "record_stream", "MemPool", "use_mem_pool",
+    "record_memory_history", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
+    "use_mem_pool",
     "region", "pause", "resume", "set_synchronize_hook", "install",
 ]
 
@@ -83,6 +84,7 @@ def _load():
             "npu_alloc_free": ([c_void, c_size, c_int, c_void], None),
             "npu_alloc_free_checked": ([c_void], c_int),
             "npu_alloc_record_stream_handle": ([c_void, c_void], c_int),
+            "npu_alloc_erase_stream_handle": ([c_void, c_void], c_int),
             "npu_alloc_empty_cache": ([], c_int),
             "npu_alloc_memory_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
             "npu_alloc_mem_get_info": ([c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_size)], c_int),
@@ -190,6 +192,14 @@ def record_stream(ptr, stream):
     """``record_stream``: ``ptr`` is also used on ``stream`` (an ``aclrtStream`` handle)."""
     ptr, stream = _address(ptr, "ptr"), _address(stream, "stream")
     _check(_load().npu_alloc_record_stream_handle(ptr, stream or None))
+
+
+def erase_stream(ptr, stream):
+    """torch_npu's ``erase_stream``: undoes ``record_stream(ptr, stream)``, so that freeing
+    ``ptr`` waits for no work on ``stream``. As in torch_npu, call it only for an allocation made
+    on its device's current stream."""
+    ptr, stream = _address(ptr, "ptr"), _address(stream, "stream")
+    _check(_load().npu_alloc_erase_stream_handle(ptr, stream or None))
 
 
 def memory_stats(device=0):

@@ -88,6 +88,15 @@ class Errors(unittest.TestCase):
         with self.assertRaises(npu_alloc.NpuAllocError) as e:
             npu_alloc.free(p)
         self.assertEqual(e.exception.status, -3)
+        # record_stream and erase_stream of a freed pointer: not a live allocation.
+        for call in (npu_alloc.record_stream, npu_alloc.erase_stream):
+            with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                call(p, 0)
+            self.assertEqual(e.exception.status, -3)
+        q = npu_alloc.malloc(4096)
+        npu_alloc.record_stream(q, 0)
+        npu_alloc.erase_stream(q, 0)
+        npu_alloc.free(q)
         self.assertEqual(npu_alloc.malloc(0), 0)
         npu_alloc.free(0)
         with self.assertRaises(npu_alloc.NpuAllocError) as e:

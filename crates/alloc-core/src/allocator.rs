@@ -82,6 +82,16 @@ impl DeviceFacts {
     }
 }
 
+/// Drops `page_size:1g` from `conf` where the device has no 1 GiB pages (torch_npu's
+/// `IsMallocPage1GMem`); returns whether it did.
+fn gate_page_size(conf: &mut AllocConf, facts: &DeviceFacts) -> bool {
+    let gated = conf.page_size.is_some() && !facts.huge_pages_1g;
+    if gated {
+        conf.page_size = None;
+    }
+    gated
+}
+
 /// Something the embedder should tell its user once; the allocator keeps working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notice {
@@ -216,10 +226,7 @@ impl<D: Device> Allocator<D> {
             .total_memory
             .or_else(|| device.mem_info().ok().map(|m| m.total));
         let mut conf = conf.clone();
-        let gated = conf.page_size.is_some() && !facts.huge_pages_1g;
-        if gated {
-            conf.page_size = None;
-        }
+        let gated = gate_page_size(&mut conf, &facts);
         let fraction = conf.per_process_memory_fraction;
         let stats = Counters {
             max_split_size: conf.max_split_size,
@@ -297,6 +304,9 @@ impl<D: Device> Allocator<D> {
         let was = self.conf.expandable_segments;
         let max_split_changed = self.conf.max_split_size != conf.max_split_size;
         self.conf = conf.clone();
+        if gate_page_size(&mut self.conf, &self.facts) {
+            self.notice(Notice::PageSize1gUnsupported);
+        }
         self.cache_conf();
         if max_split_changed {
             self.recount_oversize();

@@ -108,31 +108,26 @@ pub(crate) struct History<S> {
 
 impl<D: Device> Allocator<D> {
     /// torch's `_record_memory_history(enabled, max_entries)`: `Some(n)` records the last `n`
-    /// entries (when already recording, the entries are kept and the oldest beyond `n` dropped,
-    /// as torch's `setMaxEntries`); `None` stops recording and forgets them, as torch clears
-    /// its buffer when history is turned off.
+    /// entries (at least 1); `None` stops recording. Either way what was recorded is forgotten,
+    /// as torch_npu's `recordHistory` clears its buffer at every call (`alloc_trace->clear()`),
+    /// so turning history on again starts an empty ring. The clock and the context set for the
+    /// entries stay.
     pub fn record_history(&mut self, max_entries: Option<usize>) {
-        match (max_entries, &mut self.history) {
-            (Some(max), Some(h)) => {
-                h.max = max;
-                while h.entries.len() > max {
-                    h.entries.pop_front();
-                    h.dropped += 1;
-                }
-            }
-            (max, history) => {
-                *history = max.map(|max| {
-                    Box::new(History {
-                        entries: VecDeque::with_capacity(max.min(1 << 16)),
-                        max,
-                        dropped: 0,
-                        now: 0,
-                        clock: None,
-                        context: None,
-                    })
-                });
-            }
-        }
+        let (now, clock, context) = match self.history.take() {
+            Some(h) => (h.now, h.clock, h.context),
+            None => (0, None, None),
+        };
+        self.history = max_entries.map(|max| {
+            let max = max.max(1);
+            Box::new(History {
+                entries: VecDeque::with_capacity(max.min(1 << 16)),
+                max,
+                dropped: 0,
+                now,
+                clock,
+                context,
+            })
+        });
     }
 
     /// Whether history is being recorded.
@@ -205,10 +200,6 @@ impl<D: Device> Allocator<D> {
         let Some(h) = &mut self.history else {
             return;
         };
-        if h.max == 0 {
-            h.dropped += 1;
-            return;
-        }
         if h.entries.len() == h.max {
             h.entries.pop_front();
             h.dropped += 1;

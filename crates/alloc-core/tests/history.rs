@@ -70,14 +70,18 @@ fn the_ring_keeps_the_last_entries_and_nothing_is_kept_while_off() {
     assert_eq!(entries.len(), 3);
     assert_eq!(dropped, 9);
     assert_eq!(entries[2].action, Action::FreeCompleted);
-    // Asking again keeps what was recorded; a smaller ring drops the oldest (torch's
-    // setMaxEntries).
+    // Asking again starts an empty ring, as torch_npu's recordHistory clears its buffer at
+    // every call; a ring of 0 entries keeps 1 (its `std::max(size_t(1), ...)`).
     a.record_history(Some(3));
-    assert_eq!(a.history().0.len(), 3);
-    a.record_history(Some(1));
+    let (entries, dropped) = a.history();
+    assert!(entries.is_empty());
+    assert_eq!(dropped, 0);
+    a.record_history(Some(0));
+    let x = a.malloc(1000, S0).unwrap();
+    a.free(x).unwrap();
     let (entries, dropped) = a.history();
     assert_eq!(entries.len(), 1);
-    assert_eq!(dropped, 11);
+    assert_eq!(dropped, 2);
     assert_eq!(entries[0].action, Action::FreeCompleted);
     a.record_history(None);
     assert!(!a.recording_history());

@@ -260,14 +260,19 @@ pub fn import_snapshot(
                 last_freed.remove(&addr);
             }
             Action::FreeRequested => {
-                // Only a first free of an address the history has not used before frees a
-                // block that predates it: a second free of a freed address is a double free,
-                // which pass 2 leaves out with a warning.
-                if live.remove(&addr).is_none() && !last_freed.contains_key(&addr) {
+                // A free of a live address, or the first free of an address the history has not
+                // used before (a block that predates it). A second free of a freed address is a
+                // double free, which pass 2 leaves out with a warning: it neither makes a
+                // prologue block nor takes the first free's completion.
+                let was_live = live.remove(&addr).is_some();
+                let predates = !was_live && !last_freed.contains_key(&addr);
+                if predates {
                     freed_before.entry(addr).or_insert((e.size, e.stream));
                 }
-                requested.insert(addr, i);
-                last_freed.insert(addr, ());
+                if was_live || predates {
+                    requested.insert(addr, i);
+                    last_freed.insert(addr, ());
+                }
             }
             Action::FreeCompleted => {
                 if let Some(r) = requested.remove(&addr) {

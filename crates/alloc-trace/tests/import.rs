@@ -251,6 +251,32 @@ fn a_double_free_is_left_out_and_does_not_make_a_prologue_block() {
     );
     let left_out = s.warnings.get("free of an address not live").unwrap();
     assert_eq!((left_out.count, left_out.first_entry), (3, Some(3)));
+
+    // The double free does not take the first free's completion: that completes two entries
+    // after its request, so the free waits on a stream of its own.
+    let snapshot = Snapshot {
+        device_traces: vec![vec![
+            entry(Alloc, 0x20_0000, 4096, 0, 1),
+            entry(FreeRequested, 0x20_0000, 4096, 0, 2),
+            entry(FreeRequested, 0x20_0000, 4096, 0, 3),
+            entry(Action::FreeCompleted, 0x20_0000, 4096, 0, 4),
+        ]],
+        ..Snapshot::default()
+    };
+    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
+    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    assert_eq!(
+        body,
+        [
+            "reset_peak",
+            "stats prologue",
+            "alloc a0 4096 0",
+            "record a0 1",
+            "free a0",
+            "complete 1",
+            "stats end"
+        ]
+    );
 }
 
 #[test]

@@ -4,8 +4,10 @@
 //!   call first binds the device with `aclrtSetDevice`, once per thread and device: the binding
 //!   is remembered per thread, as torch_npu's `c10_npu::SetDevice` does. Code that changes the
 //!   thread's device behind the runtime's back must not share the thread with it.
-//! - Segments come from `aclrtMallocAlign32` (no ACL padding) with `ACL_MEM_MALLOC_HUGE_FIRST`,
-//!   or `aclrtMalloc` when the library lacks it (§2.4); out-of-memory is what
+//! - Segments come from `aclrtMallocAlign32` (no ACL padding) with `ACL_MEM_MALLOC_HUGE_FIRST`
+//!   (under `page_size:1g`, a segment of whole GiB asks for `ACL_MEM_MALLOC_HUGE1G_ONLY` first,
+//!   [`AclDevice::with_1g_pages`]), or `aclrtMalloc` when the library lacks it (§2.4);
+//!   out-of-memory is what
 //!   [`AclError::is_out_of_memory`] says (207001, 207018, 200000, `EL0004`).
 //! - `free` is a plain `aclrtFree`, which does not wait for queued work: `alloc-core` calls
 //!   [`Device::synchronize`] (`aclrtSynchronizeDevice`) once before each batch of frees.
@@ -200,16 +202,38 @@ impl AclPlatform {
     /// 25.0.RC1 or later as `aclsysGetCANNVersion` reports them (a library without it, or a
     /// version it cannot report or that cannot be read, counts as too old).
     pub fn huge_pages_1g(&self) -> bool {
-        let version = |package| self.lib.cann_version(package).ok();
-        let (cann, driver) = (version(CannPackage::CANN), version(CannPackage::DRIVER));
+        let (cann, driver) = self.versions();
         crate::cann_version::huge_pages_1g(cann.as_deref(), driver.as_deref())
+    }
+
+    /// The CANN and driver versions `aclsysGetCANNVersion` reports (`None`: not reported).
+    fn versions(&self) -> (Option<String>, Option<String>) {
+        let version = |package| self.lib.cann_version(package).ok();
+        (version(CannPackage::CANN), version(CannPackage::DRIVER))
     }
 
     /// A runtime over every device of this library with `config`.
     pub fn runtime(self, config: Config) -> NpuAllocator {
         let count = self.device_count;
-        // As torch_npu, the versions are asked only when `page_size:1g` is set.
-        let huge_pages_1g = config.alloc.page_size.is_none() || self.huge_pages_1g();
+        // As torch_npu, the versions are asked only when `page_size:1g` is set. Each device's
+        // allocator then notes the setting ignored (`Notice::PageSize1gUnsupported`); this
+        // warning says which versions were found.
+        let huge_pages_1g = config.alloc.page_size.is_none() || {
+            let (cann, driver) = self.versions();
+            let ok = crate::cann_version::huge_pages_1g(cann.as_deref(), driver.as_deref());
+            if !ok {
+                let found = |v: &Option<String>| v.clone().unwrap_or_else(|| "not reported".into());
+                warn_once(&format!(
+                    "page_size:1g needs CANN {} and a driver (HDK) of {} or later for 1G \
+                     large pages; found CANN {} and driver {}",
+                    crate::cann_version::MIN_CANN_VERSION,
+                    crate::cann_version::MIN_DRIVER_VERSION,
+                    found(&cann),
+                    found(&driver),
+                ));
+            }
+            ok
+        };
         let pages_1g = config.alloc.page_size.is_some() && huge_pages_1g;
         Runtime::new(
             count,
@@ -338,18 +362,17 @@ pub struct AclDevice {
     index: u32,
     /// Completed events, ready to be recorded again.
     pool: Vec<Event>,
-    /// torch_npu's `page_size:1g` in force: segments of whole GiB and pages of exactly 1 GiB
-    /// ask for 1 GiB pages first.
+    /// torch_npu's `page_size:1g` in force: segments of whole GiB ask for 1 GiB pages first.
     pages_1g: bool,
 }
 
 impl AclDevice {
     /// With `on`, as torch_npu does under `page_size:1g` (where CANN and the driver have 1 GiB
     /// pages): a segment of a whole number of GiB (every large-pool segment then) asks
-    /// `aclrtMallocAlign32` for `ACL_MEM_MALLOC_HUGE1G_ONLY`, and a page of exactly 1 GiB (an
-    /// expandable segment's large-pool page then) `aclrtMallocPhysical` for
-    /// `ACL_HBM_MEM_HUGE1G`; either retries once with 2 MiB pages if that fails, with
-    /// torch_npu's warning. Off (the default), every call asks for 2 MiB pages.
+    /// `aclrtMallocAlign32` for `ACL_MEM_MALLOC_HUGE1G_ONLY` first, and retries once with
+    /// `HUGE_FIRST` if that fails, with torch_npu's warning. Off (the default), segments ask
+    /// for `HUGE_FIRST`. (A physical page of exactly 1 GiB asks for 1 GiB pages either way, as
+    /// torch_npu's expandable segments decide by their page size alone.)
     pub fn with_1g_pages(mut self, on: bool) -> AclDevice {
         self.pages_1g = on;
         self
@@ -477,7 +500,7 @@ impl Device for AclDevice {
         // No page that size can exist, as in `malloc`.
         let size = usize::try_from(bytes).map_err(|_| VmmError::OutOfMemory)?;
         let huge = PhysicalMemProp::device(self.index, MemAttr::HBM_MEM_HUGE);
-        if !self.pages_1g || bytes != HUGE1G_PAGE {
+        if bytes != HUGE1G_PAGE {
             return p.lib.malloc_physical(size, &huge).map_err(page_error);
         }
         let huge1g = PhysicalMemProp::device(self.index, MemAttr::HBM_MEM_HUGE1G);
@@ -680,7 +703,7 @@ mod tests {
         let fake = FakeAcl::new(Variant::Full, 4 << 30, 1);
         // SAFETY: the fake libascendcl built from this workspace.
         let platform = unsafe { AclPlatform::load(fake.path()) }.unwrap();
-        let mut device = platform.open(0).unwrap().with_1g_pages(true);
+        let mut device = platform.open(0).unwrap();
         fake.fail_next("aclrtMallocPhysical", 207_001, 1);
         let page = device.create_page(HUGE1G_PAGE).unwrap();
         assert_eq!(fake.calls("aclrtMallocPhysical"), 2);

@@ -506,10 +506,12 @@ where
         ))
     }
 
-    /// `memory_snapshot()` of `device`: its segments and blocks in address order.
+    /// `memory_snapshot()` of `device`: its segments and blocks in address order. As torch_npu's
+    /// (which goes through `snapshot()`), it records a `snapshot` entry in the device's history
+    /// when history is on.
     pub fn memory_snapshot(&self, device: u32) -> Result<Vec<SegmentInfo<D::Stream>>, D::Error> {
         Ok(match self.opened(device)? {
-            Some(Entry::Caching(a)) => a.snapshot(),
+            Some(Entry::Caching(a)) => a.memory_snapshot(),
             _ => Vec::new(),
         })
     }

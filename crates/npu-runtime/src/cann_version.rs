@@ -4,8 +4,7 @@
 //! torch_npu backs `page_size:1g` with 1 GiB pages only with CANN 8.1.RC1 or later and a driver
 //! of 25.0.RC1 or later, both as `aclsysGetCANNVersion` reports them; otherwise it warns and runs
 //! as without the setting. A version it cannot read counts as too old. The numbers below follow
-//! its formulas exactly, quirks included (a CANN version of five parts, as `8.5.0-beta.1`, reads
-//! as 0 in the driver check, so 1 GiB pages stay off with it), so that a machine gets the pages
+//! its formulas (torch_npu 9e73e708) exactly, quirks included, so that a machine gets the pages
 //! it would get under torch_npu.
 
 /// The oldest CANN with 1 GiB pages (torch_npu's `kMinCannVersion`).
@@ -120,7 +119,7 @@ fn version_v2_to_num(version: &str) -> i64 {
 }
 
 /// torch_npu's `DriverVersionToNum` (`25.0.RC1`, `24.1.0`, `25.0.rc1.1`, `25.0.RC1.alpha001`,
-/// `25.0.RC1.beta2`, `24.1.0.3`); 0 for anything else.
+/// `25.0.RC1.beta2`, `24.1.0.3`, `26.1.0.b083`); 0 for anything else.
 fn driver_version_to_num(version: &str) -> i64 {
     let p = parts(version);
     if p.len() < 3 {
@@ -148,6 +147,12 @@ fn driver_version_to_num(version: &str) -> i64 {
             (rc, alpha, parsed) = (r, a, true);
         } else if let (Some(Some(r)), Some(Some(b))) = (after(p[2], "RC"), after(p[3], "beta")) {
             (rc, beta, parsed) = (r, b, true);
+        } else if let (Some(_), Some(Some(build)), None) =
+            (number(p[2]), after(p[3], "b"), after(p[3], "beta"))
+        {
+            // A build, as `26.1.0.b083`: its number is the patch, and the release stays unread
+            // (torch_npu sets only the patch here).
+            (patch, parsed) = (build, true);
         }
     }
     if !parsed {
@@ -164,33 +169,40 @@ fn driver_version_to_num(version: &str) -> i64 {
         + patch
 }
 
-/// torch_npu's `IsGteCANNVersion`: whether CANN version `current` is `boundary` or later. Two
-/// versions before 8.5 compare by [`version_to_num`], two from 8.5 on by [`version_v2_to_num`],
-/// others by major and minor alone; an unreadable `current` is not.
-fn is_gte_cann_version(current: &str, boundary: &str) -> bool {
-    let (c, b) = (parts(current), parts(boundary));
-    if c.len() < 3 || b.len() < 3 {
-        return false;
+/// torch_npu's `CompareVersionsByDispatch`: whether CANN version `current` is `target` or
+/// later, `None` when either is unreadable (fewer than three parts, or a major or minor that is
+/// not a number). Two versions before 8.5 compare by [`version_to_num`], two of 8.5 or two from
+/// 9 on by [`version_v2_to_num`], others by major and minor alone.
+fn compare_versions(current: &str, target: &str) -> Option<bool> {
+    let (c, t) = (parts(current), parts(target));
+    if c.len() <= 2 || t.len() <= 2 {
+        return None;
     }
-    let (Some(c_major), Some(c_minor), Some(b_major), Some(b_minor)) =
-        (number(c[0]), number(c[1]), number(b[0]), number(b[1]))
-    else {
-        return false;
-    };
-    let (now, bound) = if c_major == 8 && c_minor < 5 && b_major == 8 && b_minor < 5 {
-        (version_to_num(current), version_to_num(boundary))
-    } else if c_major >= 8 && c_minor >= 5 && b_major >= 8 && b_minor >= 5 {
-        (version_v2_to_num(current), version_v2_to_num(boundary))
-    } else {
-        return (c_major, c_minor) >= (b_major, b_minor);
-    };
-    now >= bound
+    let (c_major, c_minor) = (number(c[0])?, number(c[1])?);
+    let (t_major, t_minor) = (number(t[0])?, number(t[1])?);
+    Some(
+        if c_major == 8 && c_minor < 5 && t_major == 8 && t_minor < 5 {
+            version_to_num(current) >= version_to_num(target)
+        } else if (c_major, c_minor, t_major, t_minor) == (8, 5, 8, 5)
+            || (c_major > 8 && t_major > 8)
+        {
+            version_v2_to_num(current) >= version_v2_to_num(target)
+        } else {
+            (c_major, c_minor) >= (t_major, t_minor)
+        },
+    )
+}
+
+/// torch_npu's `IsGteCANNVersion` for the installed CANN `current`: an unreadable version is
+/// not.
+fn is_gte_cann_version(current: &str, boundary: &str) -> bool {
+    compare_versions(current, boundary) == Some(true)
 }
 
 /// torch_npu's `IsGteDriverVersion`: whether the driver is `boundary` or later, asked only of a
-/// CANN of 8.1.RC1 or later (by [`version_to_num`]).
+/// CANN of 8.1.RC1 or later.
 fn is_gte_driver_version(cann: &str, driver: &str, boundary: &str) -> bool {
-    if version_to_num(cann) < version_to_num(MIN_CANN_VERSION) {
+    if !is_gte_cann_version(cann, MIN_CANN_VERSION) {
         return false;
     }
     driver_version_to_num(driver) >= driver_version_to_num(boundary)
@@ -256,9 +268,26 @@ mod tests {
         assert_eq!(driver_version_to_num("25.0.RC1.alpha001"), 2_601_005_101);
         assert_eq!(driver_version_to_num("25.0.RC1.beta2"), 2_601_005_201);
         assert_eq!(driver_version_to_num("25.5.0"), 2_606_010_000);
+        // A build: (release + 1) stays 0, the build number is the patch.
+        assert_eq!(driver_version_to_num("26.1.0.b083"), 2_702_000_083);
+        assert_eq!(driver_version_to_num("26.1.0.beta1"), 0);
         for bad in ["", "25", "25.0", "25.0.X1", "25.0.RC1.gamma1", "x.0.RC1"] {
             assert_eq!(driver_version_to_num(bad), 0, "{bad}");
         }
+    }
+
+    #[test]
+    fn cann_versions_compare_as_torch_npu_dispatches_them() {
+        assert_eq!(compare_versions("8.1.RC1", "8.1.RC1"), Some(true));
+        assert_eq!(compare_versions("8.0.RC3", "8.1.RC1"), Some(false));
+        assert_eq!(compare_versions("8.5.0", "8.5.0-beta.1"), Some(true));
+        assert_eq!(compare_versions("8.5.0-beta.1", "8.5.0"), Some(false));
+        assert_eq!(compare_versions("9.0.0.rc1", "9.0.0"), Some(false));
+        assert_eq!(compare_versions("9.1.0", "8.1.RC1"), Some(true));
+        assert_eq!(compare_versions("7.9.9", "8.1.RC1"), Some(false));
+        assert_eq!(compare_versions("8.1", "8.1.RC1"), None);
+        assert_eq!(compare_versions("", "8.1.RC1"), None);
+        assert_eq!(compare_versions("x.1.0", "8.1.RC1"), None);
     }
 
     #[test]
@@ -274,8 +303,19 @@ mod tests {
         assert!(!yes("7.0.0", "25.5.0"));
         assert!(!yes("8.1.RC1", "24.1.0"));
         assert!(!yes("8.5.0", "24.1.RC3"));
-        // torch_npu's quirk: a five-part CANN version reads as 0 in the driver check.
-        assert!(!yes("8.5.0-beta.1", "25.5.0"));
+        // Pre-releases of 8.5 and 9 compare by major and minor against 8.1.RC1.
+        for cann in [
+            "8.5.0-beta.1",
+            "8.5.0.rc1",
+            "8.5.0-beta",
+            "9.0.0.rc1",
+            "9.0.0-beta.1",
+        ] {
+            assert!(yes(cann, "25.5.0"), "{cann}");
+        }
+        // A driver build, as `26.1.0.b083`.
+        assert!(yes("8.5.0", "26.1.0.b083"));
+        assert!(!yes("8.5.0", "24.1.0.b083"));
         // Not reported (no aclsysGetCANNVersion), or unreadable.
         assert!(!huge_pages_1g(None, Some("25.5.0")));
         assert!(!huge_pages_1g(Some("8.5.0"), None));

@@ -166,16 +166,39 @@ impl<D: Device> DeviceAllocator<D> {
         allocator.set_clock(Some(crate::history::now_us));
     }
 
-    /// Adds this device's segments and history, taken under one lock, to `snapshot`; the
-    /// history ends with the `snapshot` entry this records, as torch's does.
+    /// Starts recording with `max_entries` unless this device records already: two threads
+    /// that open a device at once both catch it up, and the second must not clear (as a
+    /// `set_history` does) what the first's allocations recorded meanwhile.
+    pub(crate) fn catch_up_history(&self, max_entries: usize) {
+        let mut allocator = self.lock();
+        if !allocator.recording_history() {
+            allocator.record_history(Some(max_entries));
+            allocator.set_clock(Some(crate::history::now_us));
+        }
+    }
+
+    /// Adds this device's segments and history, taken under one lock, to `snapshot`, and
+    /// records a `snapshot` entry. As in torch_npu, whose `snapshot()` copies each device's
+    /// trace before its segments record that entry, the entry shows in the next snapshot.
     pub(crate) fn add_to(
         &self,
         snapshot: &mut alloc_snapshot::Snapshot,
     ) -> Result<(), alloc_snapshot::ExportError> {
         let mut allocator = self.lock();
+        let (history, _) = allocator.history();
+        let segments = self.segments_of(&mut allocator);
+        snapshot.add_device(self.index, &segments, &history)
+    }
+
+    /// torch's `snapshot()` of this device: its segments, and a `snapshot` entry in its history.
+    pub(crate) fn memory_snapshot(&self) -> Vec<SegmentInfo<D::Stream>> {
+        self.segments_of(&mut self.lock())
+    }
+
+    fn segments_of(&self, allocator: &mut Allocator<Shared<D>>) -> Vec<SegmentInfo<D::Stream>> {
         let segments = allocator.snapshot();
         allocator.mark_snapshot();
-        snapshot.add_device(self.index, &segments, &allocator.history().0)
+        segments
     }
 
     /// `malloc(size, stream)` from private pool `pool` (`None`: the default pools); see the
@@ -321,11 +344,6 @@ impl<D: Device> DeviceAllocator<D> {
     /// `get_per_process_memory_fraction`.
     pub(crate) fn fraction(&self) -> f64 {
         self.lock().memory_fraction()
-    }
-
-    /// The segments and blocks, torch's `memory_snapshot()`.
-    pub(crate) fn snapshot(&self) -> Vec<SegmentInfo<D::Stream>> {
-        self.lock().snapshot()
     }
 
     /// Whether and how GC runs.

@@ -135,8 +135,8 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
                 error,
             } => write!(
                 f,
-                "device {device}: {error}; the devices before it had done {bytes_done} bytes \
-                 and stay so, the devices after it are untouched"
+                "device {device}: {error}; what the devices before it did stays done \
+                 ({bytes_done} bytes), the devices after it are untouched"
             ),
             RuntimeError::ScopeNotOpen => {
                 f.write_str("no such memory pool or memory saver scope is open on this thread")

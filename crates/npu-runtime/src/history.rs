@@ -74,8 +74,8 @@ where
     /// device, those opened later included: while enabled, each device keeps its last
     /// `max_entries` trace entries (allocations, frees requested and completed, segments
     /// allocated, freed, mapped and unmapped, out-of-memory errors, snapshots), each stamped
-    /// with the time in microseconds. Enabling again keeps what was recorded (a smaller
-    /// `max_entries` drops the oldest); disabling forgets it, as in torch. Stack frames are not
+    /// with the time in microseconds. Every call forgets what was recorded, enabling again
+    /// included, as torch_npu's `recordHistory` clears its buffer. Stack frames are not
     /// recorded: npu-alloc sees no Python stack.
     pub fn record_memory_history(&self, enabled: bool, max_entries: usize) {
         let mut history = self.history.lock();
@@ -90,8 +90,8 @@ where
     /// Applies the history setting to a device that has just opened.
     pub(crate) fn catch_up_history(&self, entry: &Entry<D>) {
         let history = self.history.lock();
-        if let (Entry::Caching(a), Some(_)) = (entry, *history) {
-            a.set_history(*history);
+        if let (Entry::Caching(a), Some(max_entries)) = (entry, *history) {
+            a.catch_up_history(max_entries);
         }
     }
 

@@ -116,9 +116,7 @@ fn the_lifecycle_calls_acl_in_order_with_torch_npus_arguments() {
 #[test]
 fn out_of_memory_from_malloc_physical_leaves_nothing_behind() {
     let fake = FakeAcl::new(Variant::Full, 8 * MIB, 1);
-    let (_platform, device) = open(&fake, 0);
-    // As under `page_size:1g`: a page of 1 GiB asks for 1 GiB pages first.
-    let mut device = device.with_1g_pages(true);
+    let (_platform, mut device) = open(&fake, 0);
     // Pages and segments share the capacity.
     let segment = device.malloc(2 * MIB).unwrap();
     // A range is address space only: more than the capacity is fine.
@@ -223,9 +221,7 @@ fn injected_failures_are_other_errors_with_the_code_and_leak_nothing() {
 #[test]
 fn status_207000_is_unsupported_on_every_call() {
     let fake = FakeAcl::new(Variant::Full, 4 * GIB, 1);
-    let (_platform, device) = open(&fake, 0);
-    // As under `page_size:1g`: a page of 1 GiB asks for 1 GiB pages first.
-    let mut device = device.with_1g_pages(true);
+    let (_platform, mut device) = open(&fake, 0);
     let refuse = |name: &str, count| fake.fail_next(name, 207_000, count);
 
     refuse("aclrtReserveMemAddress", 1);
@@ -357,14 +353,9 @@ fn a_library_without_vmm_symbols_is_unsupported_on_every_call() {
 #[test]
 fn a_1g_page_asks_for_huge1g_and_falls_back_to_huge_once() {
     let fake = FakeAcl::new(Variant::Full, 3 * GIB, 1);
-    let (_platform, device) = open(&fake, 0);
-    // Without `page_size:1g` a page of 1 GiB (a memory-saver segment) asks for 2 MiB pages.
-    let mut device = device.with_1g_pages(false);
-    fake.clear_log();
-    let plain = device.create_page(GIB).unwrap();
-    assert_eq!(fake.call_details(), [malloc_physical(GIB, 4, 0)]);
-    device.release_page(plain).unwrap();
-    let mut device = device.with_1g_pages(true);
+    // torch_npu decides by the page size alone (`segment_size_ == kExtraLargeBuffer`), so a
+    // 1 GiB page asks for 1 GiB pages with or without `page_size:1g`.
+    let (_platform, mut device) = open(&fake, 0);
     fake.clear_log();
     let first = device.create_page(GIB).unwrap();
     assert_eq!(fake.call_details(), [malloc_physical(GIB, 10, 0)]);

@@ -304,7 +304,7 @@ fn a_resume_that_fails_on_a_later_device_names_it_and_what_the_earlier_ones_did(
     assert!(
         message.starts_with("device 1: ")
             && message.ends_with(
-                "; the devices before it had done 44040192 bytes and stay so, the devices \
+                "; what the devices before it did stays done (44040192 bytes), the devices \
                  after it are untouched"
             ),
         "{message}"
