@@ -1,5 +1,5 @@
-//! `memory_summary()`: torch's readable table of one device's stats, with torch_npu's names
-//! (NPU OOMs, npuMalloc retries, NPU reserved memory).
+//! `memory_summary()`: torch_npu's readable table of one device's stats
+//! (`torch_npu/npu/memory.py`: its names, units and spacing, which differ from PyTorch's).
 
 use core::fmt::Write;
 
@@ -11,9 +11,10 @@ const WIDTH: usize = 75;
 /// A cell formatter: a value and the row's reference value (its `all` row) choose the unit.
 type Formatter = fn(i64, i64) -> String;
 
-/// torch's `_format_size`: bytes, scaled while the reference is ≥ 768 of a unit.
+/// torch_npu's `_format_size`: bytes, scaled while the reference is ≥ 768 of a unit, with its
+/// units (`KB`, not PyTorch's `KiB`) and width.
 fn format_size(mut size: i64, reference: i64) -> String {
-    const PREFIXES: [&str; 6] = ["B  ", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    const PREFIXES: [&str; 6] = ["B ", "KB", "MB", "GB", "TB", "PB"];
     let mut prefix = PREFIXES[0];
     let mut reference = reference as f64;
     for p in &PREFIXES[1..] {
@@ -24,7 +25,7 @@ fn format_size(mut size: i64, reference: i64) -> String {
         size /= 1024;
         reference /= 1024.0;
     }
-    format!("{size:6} {prefix}")
+    format!("{size:7} {prefix}")
 }
 
 /// torch's `_format_count`: counts, scaled by 1000 while the reference is ≥ 750 000.
@@ -68,19 +69,19 @@ pub struct ExpandableSummary {
     pub reserved_bytes: u64,
 }
 
-/// torch's `memory_summary(device, abbreviated)` text for `stats`: a 77-column table, each
+/// torch_npu's `memory_summary(device, abbreviated)` text for `stats`: a 77-column table, each
 /// line ending in a newline. With expandable segments, two lines after the oversize rows say
-/// what they hold (the rest is torch's table unchanged).
+/// what they hold (the rest is torch_npu's table unchanged; docs/deviations.md).
 pub fn memory_summary(
     device: u32,
     stats: &DeviceStats,
     abbreviated: bool,
     expandable: ExpandableSummary,
 ) -> String {
-    let arrays: [(&StatArray, &str, Formatter); 9] = [
+    // torch_npu's rows: PyTorch's "Requested memory" row is not among them.
+    let arrays: [(&StatArray, &str, Formatter); 8] = [
         (&stats.allocated_bytes, "Allocated memory", format_size),
         (&stats.active_bytes, "Active memory", format_size),
-        (&stats.requested_bytes, "Requested memory", format_size),
         (&stats.reserved_bytes, "NPU reserved memory", format_size),
         (
             &stats.inactive_split_bytes,
@@ -100,7 +101,7 @@ pub fn memory_summary(
         ),
         "-".repeat(WIDTH),
         format!(
-            "  {:10} NPU OOMs: {:<12} | {:7} npuMalloc retries: {:<8}  ",
+            "  {:9} NPU OOMs: {:<13} | {:6} npuMalloc retries: {:<9}  ",
             "", stats.num_ooms, "", stats.num_alloc_retries
         ),
         "=".repeat(WIDTH),
@@ -126,11 +127,11 @@ pub fn memory_summary(
             );
         }
     }
-    lines.push("-".repeat(WIDTH));
     for (stat, name) in [
         (&stats.oversize_allocations, "Oversize allocations"),
         (&stats.oversize_segments, "Oversize NPU segments"),
     ] {
+        lines.push("-".repeat(WIDTH));
         row(&mut lines, name, stat, stat, format_count);
     }
     if expandable.reserved_ranges > 0 {
@@ -170,13 +171,14 @@ mod tests {
 
     #[test]
     fn units_follow_torch() {
-        assert_eq!(format_size(0, 0), "     0 B  ");
-        assert_eq!(format_size(1024, 1024), "  1024 B  ");
-        assert_eq!(format_size(786_432, 786_432), "   768 KiB");
-        assert_eq!(format_size(20 << 20, 20 << 20), " 20480 KiB");
-        assert_eq!(format_size(1 << 30, 1 << 30), "  1024 MiB");
+        // torch_npu's `_format_size`: "{:7d} {}" with "B ", "KB", "MB", ...
+        assert_eq!(format_size(0, 0), "      0 B ");
+        assert_eq!(format_size(1024, 1024), "   1024 B ");
+        assert_eq!(format_size(786_432, 786_432), "    768 KB");
+        assert_eq!(format_size(20 << 20, 20 << 20), "  20480 KB");
+        assert_eq!(format_size(1 << 30, 1 << 30), "   1024 MB");
         // A pool row is scaled by its `all` row.
-        assert_eq!(format_size(1024, 1 << 30), "     0 MiB");
+        assert_eq!(format_size(1024, 1 << 30), "      0 MB");
         assert_eq!(format_count(3, 3), "      3   ");
         assert_eq!(format_count(750_000, 750_000), "    750 K ");
     }
@@ -194,26 +196,32 @@ mod tests {
             lines.iter().all(|l| l.chars().count() == WIDTH + 2),
             "{text}"
         );
-        assert_eq!(lines.len(), 6 + 9 * 4 + 1 + 2 + 1);
+        // The header, 8 metrics of a dashed line and 3 rows, 2 oversize rows each after a
+        // dashed line, the closing line.
+        assert_eq!(lines.len(), 6 + 8 * 4 + 2 * 2 + 1);
+        assert_eq!(
+            lines[3],
+            "|            NPU OOMs: 2             |        npuMalloc retries: 0          |"
+        );
         assert!(lines[1].contains("PyTorch NPU memory summary, device ID 3 "));
         assert!(lines[3].contains("NPU OOMs: 2 "));
         assert!(lines[3].contains("npuMalloc retries: 0 "));
         assert_eq!(
             lines[7],
-            "| Allocated memory      |   1024 B   |   1024 B   |   1024 B   |      0 B   |"
+            "| Allocated memory      |    1024 B  |    1024 B  |    1024 B  |       0 B  |"
         );
         assert_eq!(
             lines[9],
-            "|       from small pool |   1024 B   |   1024 B   |   1024 B   |      0 B   |"
+            "|       from small pool |    1024 B  |    1024 B  |    1024 B  |       0 B  |"
         );
         assert!(
             text.contains(
-                "| NPU reserved memory   |   2048 KiB |   2048 KiB |   2048 KiB |      0 B   |"
+                "| NPU reserved memory   |    2048 KB |    2048 KB |    2048 KB |       0 B  |"
             ),
             "{text}"
         );
         let short = memory_summary(0, &stats, true, ExpandableSummary::default());
-        assert_eq!(short.lines().count(), 6 + 9 * 2 + 1 + 2 + 1);
+        assert_eq!(short.lines().count(), 6 + 8 * 2 + 2 * 2 + 1);
         let with = memory_summary(
             0,
             &stats,
@@ -226,7 +234,7 @@ mod tests {
             },
         );
         let lines: Vec<&str> = with.lines().collect();
-        assert_eq!(lines.len(), 6 + 9 * 2 + 1 + 2 + 1 + 3);
+        assert_eq!(lines.len(), 6 + 8 * 2 + 2 * 2 + 1 + 3);
         assert!(lines.iter().all(|l| l.chars().count() == WIDTH + 2));
         assert_eq!(
             lines[lines.len() - 3],

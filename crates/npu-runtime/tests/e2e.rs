@@ -570,7 +570,7 @@ fn memory_summary_is_torchs_table() {
     let text = rt.memory_summary(0, false).unwrap();
     assert!(
         text.contains(
-            "| Allocated memory      |   1536 B   |   1536 B   |   1536 B   |      0 B   |"
+            "| Allocated memory      |    1536 B  |    1536 B  |    1536 B  |       0 B  |"
         ),
         "{text}"
     );
