@@ -383,7 +383,10 @@ where
     }
 
     /// `empty_cache()`: on every opened device, synchronize and give every whole cached
-    /// segment back. Returns the first error after trying every device.
+    /// segment back. Returns the first error after trying every device. torch_npu's
+    /// `emptyCache` first drains its host task queue (`npuSynchronizeDevice`); this call does
+    /// not run the [`Runtime::set_host_queue`] hook, so an embedder with a host queue drains it
+    /// before calling (the C library's `npu_alloc_empty_cache` calls its hook first).
     pub fn empty_cache(&self) -> Result<(), D::Error> {
         let mut result = Ok(());
         for entry in self.opened_all() {
