@@ -285,11 +285,19 @@ where
         Ok(addr)
     }
 
-    /// A failed malloc: out of memory calls the observers first.
+    /// A failed malloc: out of memory calls the observers first. torch_npu builds its message
+    /// after the observers ran, from the stats then (an observer may free or empty the cache),
+    /// so the error's allocated, active and reserved bytes are read again after them.
     #[cold]
-    fn malloc_failed(&self, e: RuntimeError<D::Error>) -> RuntimeError<D::Error> {
-        if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &e {
-            self.notify_observers(oom);
+    fn malloc_failed(&self, mut e: RuntimeError<D::Error>) -> RuntimeError<D::Error> {
+        if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &mut e
+            && self.notify_observers(oom)
+            && let Ok(stats) = self.device_stats(oom.device)
+        {
+            let bytes = |v: i64| u64::try_from(v).unwrap_or(0);
+            oom.allocated = bytes(stats.allocated_bytes.all.current);
+            oom.active = bytes(stats.active_bytes.all.current);
+            oom.reserved = bytes(stats.reserved_bytes.all.current);
         }
         e
     }
@@ -531,12 +539,13 @@ where
     /// Calls every observer with `oom`, unless this thread is already inside an observer: an
     /// observer that allocates and runs out of memory again (on another device, say) would
     /// otherwise call the observers again, without end.
-    fn notify_observers(&self, oom: &OutOfMemory) {
+    /// Returns whether any observer was called.
+    fn notify_observers(&self, oom: &OutOfMemory) -> bool {
         thread_local! {
             static NOTIFYING: core::cell::Cell<bool> = const { core::cell::Cell::new(false) };
         }
         if NOTIFYING.with(|n| n.replace(true)) {
-            return;
+            return false;
         }
         /// Clears the flag however the observers return (one may panic).
         struct Done;
@@ -547,9 +556,10 @@ where
         }
         let _done = Done;
         let observers = self.observers.lock().clone();
-        for observer in observers {
+        for observer in &observers {
             observer(oom);
         }
+        !observers.is_empty()
     }
 
     /// Calls `observer` with each out-of-memory error, after the device's lock is released. An

@@ -58,6 +58,28 @@ fn an_observer_that_runs_out_of_memory_again_is_not_called_again() {
     assert_eq!(calls.load(Ordering::Relaxed), 2);
 }
 
+/// torch_npu builds the out-of-memory message after the observers ran, from the stats then: an
+/// observer that frees memory shows in "already allocated" and "reserved".
+#[test]
+fn the_oom_message_is_read_after_the_observers_ran() {
+    let rt = Arc::new(sim::runtime(1, 64 * MIB, Config::default()));
+    let keep = rt.malloc(30 * MIB, 0, S0).unwrap();
+    {
+        let weak: Weak<_> = Arc::downgrade(&rt);
+        rt.attach_out_of_memory_observer(move |_| {
+            let rt = weak.upgrade().unwrap();
+            rt.free(keep).unwrap();
+            rt.empty_cache().unwrap();
+        });
+    }
+    let e = rt.malloc(60 * MIB, 0, S0).unwrap_err();
+    let RuntimeError::Alloc(npu_runtime::AllocError::OutOfMemory(oom)) = &e else {
+        panic!("{e:?}");
+    };
+    assert_eq!((oom.allocated, oom.active, oom.reserved), (0, 0, 0));
+    assert!(e.to_string().contains("0 bytes already allocated"), "{e}");
+}
+
 fn expandable_config() -> Config {
     Config {
         alloc: alloc_conf::parse("expandable_segments:True").conf,
