@@ -81,7 +81,8 @@ const RESET_AT_RUN_TIME: [Key; 3] = [
 /// Parses a string given at run time (torch's `torch.npu.memory._set_allocator_settings`) on top
 /// of the configuration in force, `current`. As in torch_npu, which runs the same c10 parser
 /// again, `max_split_size_mb`, `roundup_power2_divisions` and `garbage_collection_threshold`
-/// first go back to their defaults whether or not the string names them; keys other than
+/// first go back to their defaults whether or not the string names them, and
+/// `max_non_split_rounding_mb` to the large segment size; keys other than
 /// [`RUN_TIME_KEYS`] get a [`WarningKind::NotAtRunTime`] warning and keep their value; the
 /// checks between keys run as in [`parse`] (so `max_split_size_mb` here turns expandable
 /// segments off, with a warning).
@@ -106,10 +107,9 @@ pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
         },
         ..State::default()
     };
-    // Kept values count as given, so the checks between keys keep them rather than apply the
-    // defaults that depend on other keys.
-    st.given[Key::MaxNonSplitRoundingMb.index()] =
-        current.max_non_split_rounding != current.large_segment_size;
+    // `max_non_split_rounding_mb` is not marked given: c10's parser sets it to the large
+    // segment size at every parse before it reads the keys, so a run-time call that does not
+    // name it resets it (the checks between keys apply that default).
     for item in lex::items(s) {
         let key = match item {
             Item::Pair { key, .. } => Key::from_name(key),

@@ -977,7 +977,10 @@ fn run_time_settings_reset_what_torch_npu_resets_and_refuse_fixed_keys() {
     assert!(!p.conf.expandable_segments);
     assert_eq!(p.conf.roundup_power2_divisions, [0; crate::ROUNDUP_BUCKETS]);
     assert_eq!(p.conf.per_process_memory_fraction, 0.5);
-    assert_eq!(p.conf.max_non_split_rounding, 64 * MIB);
+    // c10's parser sets max_non_split_rounding to the large segment size at every parse.
+    assert_eq!(p.conf.max_non_split_rounding, 20 * MIB);
+    let kept = parse_settings(&start, "max_non_split_rounding_mb:64");
+    assert_eq!(kept.conf.max_non_split_rounding, 64 * MIB);
     assert_eq!(p.conf.segment_size, 128 * MIB);
     assert_eq!(p.conf.large_segment_size, 20 * MIB);
     assert_eq!(p.warnings.len(), 1);
