@@ -183,6 +183,30 @@ class MemorySaver(unittest.TestCase):
 
 
 @needs_fake
+class Streams(unittest.TestCase):
+    def test_erase_stream_undoes_record_stream(self):
+        pending = FAKE.fake_acl_pending_events
+        pending.restype = ctypes.c_uint64
+        p = npu_alloc.malloc(4096)  # binds device 0 to this thread, as ACL's stream calls need
+        stream = ctypes.c_void_p()
+        self.assertEqual(FAKE.aclrtCreateStream(ctypes.byref(stream)), 0)
+        before = pending()
+        # Used on another stream: the free waits for an event recorded there.
+        npu_alloc.record_stream(p, stream.value)
+        npu_alloc.free(p)
+        self.assertEqual(pending(), before + 1)
+        # Erased again: the free records nothing.
+        q = npu_alloc.malloc(4096)
+        npu_alloc.record_stream(q, stream.value)
+        npu_alloc.erase_stream(q, stream.value)
+        npu_alloc.free(q)
+        self.assertEqual(pending(), before + 1)
+        FAKE.fake_acl_complete_all_events()
+        npu_alloc.empty_cache()
+        self.assertEqual(FAKE.aclrtDestroyStream(stream), 0)
+
+
+@needs_fake
 class Hook(unittest.TestCase):
     def test_the_synchronize_hook_runs_before_memory_goes_back(self):
         seen = []

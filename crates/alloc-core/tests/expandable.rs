@@ -398,8 +398,9 @@ fn page_size_1g_is_ignored_with_a_notice_where_the_device_has_no_1g_pages() {
     check_consistency(&a);
     let mut b = gated("");
     // A configuration applied later cannot bring it back.
-    assert!(!b.set_conf(&conf("page_size:1g")));
+    b.set_conf(&conf("page_size:1g"));
     assert_eq!(b.conf().page_size, None);
+    assert_eq!(b.notices(), [Notice::PageSize1gUnsupported]);
     b.malloc(30 * MIB, S0).unwrap();
     assert_eq!(
         stat(&b, "reserved_bytes.large_pool.current"),

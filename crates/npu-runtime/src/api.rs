@@ -187,28 +187,37 @@ where
         slot: &'a Slot<D>,
         device: u32,
     ) -> Result<&'a (Shared<D>, Entry<D>), D::Error> {
+        // The run-time state is locked across the opening and its publication, in the order
+        // the calls that change it take these locks: a `set_allocator_settings`,
+        // `record_memory_history` or `set_host_queue` either comes first, and the device is
+        // built with its effect, or finds the device opened. A device another thread can use is
+        // caught up already.
+        let settings = self.settings.lock();
+        let history = self.history.lock();
+        let host = self.host.lock();
         let opened: &(Shared<D>, Entry<D>) = slot.entry.get_or_try_init(|| {
             let (dev, facts) = (self.open)(device).map_err(RuntimeError::Device)?;
             let dev = Shared::new(dev);
             let entry = if self.config.caching {
                 // Built as torch_npu builds every device's allocator at start-up, from the start
-                // configuration (its memory fraction and `max_split_size` stat come from there);
-                // the run-time settings so far are applied just below. Built under the settings
-                // lock, so that a `set_allocator_settings` that finds this device opened is
-                // ordered after its construction.
-                let _settings = self.settings.lock();
-                Entry::Caching(DeviceAllocator::new(dev.clone(), facts, &self.config.alloc))
+                // configuration (its memory fraction and `max_split_size` stat come from there),
+                // then given the run-time settings so far.
+                let a = DeviceAllocator::new(dev.clone(), facts, &self.config.alloc);
+                a.catch_up(&settings.1);
+                if let Some(max_entries) = *history {
+                    a.catch_up_history(max_entries);
+                }
+                if host.0 != alloc_core::HostQueue::None {
+                    a.set_host_queue(host.0, host.1.clone());
+                }
+                Entry::Caching(a)
             } else {
-                Entry::Uncached(Uncached::new(dev.clone(), facts.index, facts.pad))
+                let u = Uncached::new(dev.clone(), facts.index, facts.pad);
+                u.set_sync_hook(host.1.clone());
+                Entry::Uncached(u)
             };
             Ok::<_, RuntimeError<D::Error>>((dev, entry))
         })?;
-        // Settings given while the device opened, after it read them, are applied now.
-        if let Entry::Caching(a) = &opened.1 {
-            a.catch_up(&self.settings.lock().1);
-        }
-        self.catch_up_history(&opened.1);
-        self.catch_up_host_queue(&opened.1);
         Ok(opened)
     }
 
@@ -517,9 +526,9 @@ where
         ))
     }
 
-    /// `memory_snapshot()` of `device`: its segments and blocks in address order. As torch_npu's
-    /// (which goes through `snapshot()`), it records a `snapshot` entry in the device's history
-    /// when history is on.
+    /// `memory_snapshot()` of `device`: its segments and blocks in address order. It records
+    /// nothing: torch_npu's `memory_snapshot()` goes through `snapshot()`, which adds a
+    /// `snapshot` entry to every device's history, and [`Runtime::snapshot`] does that.
     pub fn memory_snapshot(&self, device: u32) -> Result<Vec<SegmentInfo<D::Stream>>, D::Error> {
         Ok(match self.opened(device)? {
             Some(Entry::Caching(a)) => a.memory_snapshot(),

@@ -24,162 +24,286 @@ fn parts(version: &str) -> Vec<&str> {
     version.split(['.', '-']).collect()
 }
 
-/// A part of decimal digits only, as a number; `None` otherwise (or beyond `i64`).
-fn number(part: &str) -> Option<i64> {
-    if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    part.parse().ok()
+/// torch_npu's `isDigits`: not empty, decimal digits only.
+fn is_digits(part: &str) -> bool {
+    !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// The number after `prefix` (matched without regard to case) when something follows it.
-fn after(part: &str, prefix: &str) -> Option<Option<i64>> {
-    let head = part.get(..prefix.len())?;
-    (head.eq_ignore_ascii_case(prefix) && part.len() > prefix.len())
-        .then(|| number(&part[prefix.len()..]))
+/// torch_npu's `ExtractNumFromStr`: the number, or -1 when the part is not all digits or does
+/// not fit an `i64`.
+fn extract(part: &str) -> i64 {
+    if is_digits(part) {
+        part.parse().unwrap_or(-1)
+    } else {
+        -1
+    }
 }
+
+/// torch_npu's `StartsWith`: `prefix` (ASCII) at the start of `part`, in any case. When true,
+/// `part[prefix.len()..]` is a valid slice.
+fn starts(part: &str, prefix: &str) -> bool {
+    part.as_bytes()
+        .get(..prefix.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()))
+}
+
+/// The rest of `part` after `prefix` (which [`starts`] it).
+fn rest<'a>(part: &'a str, prefix: &str) -> &'a str {
+    &part[prefix.len()..]
+}
+
+// The three `*ToNum` functions follow torch_npu's code branch by branch, -1 and -51 sentinels
+// included; their arithmetic wraps where C++'s would (a part of 18 digits can overflow it).
 
 /// torch_npu's `VersionToNum`, for CANN versions before 8.5 (`8.1.RC1`, `8.0.T5`, `7.0.0`,
 /// `8.1.RC1.alpha002`, `8.0.0.alpha003`); 0 for anything else.
 fn version_to_num(version: &str) -> i64 {
-    let p = parts(version);
-    if p.len() < 3 {
+    let t = parts(version);
+    if t.len() < 3 {
         return 0;
     }
-    let (Some(major), Some(minor)) = (number(p[0]), number(p[1])) else {
+    let (major, minor) = (extract(t[0]), extract(t[1]));
+    if major == -1 || minor == -1 {
         return 0;
-    };
-    let (mut release, mut rc, mut t, mut alpha, mut weight, mut pre) = (-1, -51, -1, 0, 0, 0);
+    }
+    let (mut release, mut rc, mut tv, mut alpha, mut weight, mut pre) =
+        (-1i64, -51i64, -1i64, 0i64, 0i64, 0i64);
     let mut parsed = false;
-    if p.len() == 3 {
-        if let Some(Some(n)) = after(p[2], "RC") {
-            (rc, parsed) = (n, true);
-        } else if let Some(Some(n)) = after(p[2], "T") {
-            (t, parsed) = (n, true);
-        } else if let Some(n) = number(p[2]) {
-            (release, parsed) = (n, true);
+    if t.len() == 3 {
+        if starts(t[2], "RC") && t[2].len() > 2 {
+            rc = extract(rest(t[2], "RC"));
+            if rc != -1 {
+                parsed = true;
+            } else {
+                rc = -51;
+            }
         }
-    } else if p.len() == 4 {
-        if let (Some(Some(r)), Some(Some(a))) = (after(p[2], "RC"), after(p[3], "alpha")) {
-            (rc, alpha, parsed) = (r, a, true);
-        } else if let (Some(r), Some(Some(a))) = (number(p[2]), after(p[3], "alpha")) {
-            (release, weight, pre, parsed) = (r, 300, a, true);
+        if !parsed && starts(t[2], "T") && t[2].len() > 1 {
+            tv = extract(rest(t[2], "T"));
+            parsed = tv != -1;
+        }
+        if !parsed && is_digits(t[2]) {
+            release = extract(t[2]);
+            parsed = release != -1;
+        }
+    }
+    if !parsed && t.len() == 4 {
+        if starts(t[2], "RC") && t[2].len() > 2 && starts(t[3], "alpha") && t[3].len() > 5 {
+            rc = extract(rest(t[2], "RC"));
+            alpha = extract(rest(t[3], "alpha"));
+            if rc != -1 && alpha != -1 {
+                parsed = true;
+            } else {
+                (rc, alpha) = (-51, 0);
+            }
+        }
+        if !parsed && is_digits(t[2]) && starts(t[3], "alpha") && t[3].len() > 5 {
+            release = extract(t[2]);
+            weight = 300;
+            pre = extract(rest(t[3], "alpha"));
+            if release != -1 && pre != -1 {
+                parsed = true;
+            } else {
+                pre = 0;
+            }
         }
     }
     if !parsed {
         return 0;
     }
-    (major + 1) * 100_000_000
-        + (minor + 1) * 1_000_000
-        + (release + 1) * 10_000
-        + ((rc + 1) * 100 + 5000)
-        + (t + 1) * 100
-        - (100 - alpha)
-        - weight
-        + pre
+    (major.wrapping_add(1).wrapping_mul(100_000_000))
+        .wrapping_add(minor.wrapping_add(1).wrapping_mul(1_000_000))
+        .wrapping_add(release.wrapping_add(1).wrapping_mul(10_000))
+        .wrapping_add(rc.wrapping_add(1).wrapping_mul(100).wrapping_add(5000))
+        .wrapping_add(tv.wrapping_add(1).wrapping_mul(100))
+        .wrapping_sub(100i64.wrapping_sub(alpha))
+        .wrapping_sub(weight)
+        .wrapping_add(pre)
 }
 
 /// torch_npu's `VersionV2ToNum`, for CANN 8.5 and later (`8.5.0`, `8.5.0-beta`, `8.5.0.rc1`,
 /// `8.5.0-beta.1`); 0 for anything else.
 fn version_v2_to_num(version: &str) -> i64 {
-    let p = parts(version);
-    if p.len() < 3 {
+    let t = parts(version);
+    if t.len() < 3 {
         return 0;
     }
-    let (Some(major), Some(minor), Some(patch)) = (number(p[0]), number(p[1]), number(p[2])) else {
+    let (major, minor, patch) = (extract(t[0]), extract(t[1]), extract(t[2]));
+    if major == -1 || minor == -1 || patch == -1 {
         return 0;
-    };
-    let stage = |s: &str| match s {
-        "alpha" => Some(300),
-        "beta" => Some(200),
-        "rc" => Some(100),
-        _ => None,
-    };
-    let (weight, pre) = match p.len() {
-        3 => (0, 0),
-        4 => match stage(p[3]) {
-            Some(w) => (w, 0),
-            None => {
+    }
+    let (mut weight, mut pre) = (0i64, 0i64);
+    let mut parsed = t.len() == 3;
+    if !parsed && t.len() == 4 {
+        parsed = true;
+        match t[3] {
+            "alpha" => weight = 300,
+            "beta" => weight = 200,
+            "rc" => weight = 100,
+            s => {
                 let numbered = [("alpha", 300), ("beta", 200), ("rc", 100)]
                     .into_iter()
-                    .find_map(|(name, w)| after(p[3], name).map(|n| (w, n)));
+                    .find(|(name, _)| starts(s, name) && s.len() > name.len());
                 match numbered {
-                    Some((w, Some(n))) => (w, n),
-                    _ => return 0,
+                    Some((name, w)) => {
+                        weight = w;
+                        pre = extract(rest(s, name));
+                        if pre == -1 {
+                            (parsed, weight) = (false, 0);
+                        }
+                    }
+                    None => parsed = false,
                 }
             }
-        },
-        5 => match (number(p[4]), stage(p[3])) {
-            (Some(n), Some(w)) => (w, n),
-            _ => return 0,
-        },
-        _ => return 0,
-    };
-    major * 10_000_000 + minor * 100_000 + patch * 1_000 - weight + pre
-}
-
-/// torch_npu's `DriverVersionToNum` (`25.0.RC1`, `24.1.0`, `25.0.rc1.1`, `25.0.RC1.alpha001`,
-/// `25.0.RC1.beta2`, `24.1.0.3`, `26.1.0.b083`); 0 for anything else.
-fn driver_version_to_num(version: &str) -> i64 {
-    let p = parts(version);
-    if p.len() < 3 {
-        return 0;
-    }
-    let (Some(major), Some(minor)) = (number(p[0]), number(p[1])) else {
-        return 0;
-    };
-    let (mut release, mut t, mut rc, mut patch, mut beta, mut alpha) = (-1, -1, -51, 0, 1, 0);
-    let mut parsed = false;
-    if p.len() == 3 {
-        if let Some(Some(n)) = after(p[2], "RC") {
-            (rc, parsed) = (n, true);
-        } else if let Some(Some(n)) = after(p[2], "T") {
-            (t, parsed) = (n, true);
-        } else if let Some(n) = number(p[2]) {
-            (release, parsed) = (n, true);
         }
-    } else if p.len() == 4 {
-        if let (Some(r), Some(n)) = (number(p[2]), number(p[3])) {
-            (release, patch, parsed) = (r, n, true);
-        } else if let (Some(Some(r)), Some(n)) = (after(p[2], "RC"), number(p[3])) {
-            (rc, patch, parsed) = (r, n, true);
-        } else if let (Some(Some(r)), Some(Some(a))) = (after(p[2], "RC"), after(p[3], "alpha")) {
-            (rc, alpha, parsed) = (r, a, true);
-        } else if let (Some(Some(r)), Some(Some(b))) = (after(p[2], "RC"), after(p[3], "beta")) {
-            (rc, beta, parsed) = (r, b, true);
-        } else if let (Some(_), Some(Some(build)), None) =
-            (number(p[2]), after(p[3], "b"), after(p[3], "beta"))
-        {
-            // A build, as `26.1.0.b083`: its number is the patch, and the release stays unread
-            // (torch_npu sets only the patch here).
-            (patch, parsed) = (build, true);
+    }
+    if !parsed && t.len() == 5 {
+        parsed = true;
+        if is_digits(t[4]) {
+            pre = extract(t[4]);
+            if pre == -1 {
+                (parsed, pre) = (false, 0);
+            } else {
+                match t[3] {
+                    "alpha" => weight = 300,
+                    "beta" => weight = 200,
+                    "rc" => weight = 100,
+                    _ => (parsed, pre) = (false, 0),
+                }
+            }
+        } else {
+            parsed = false;
         }
     }
     if !parsed {
         return 0;
     }
-    let alpha_offset = if alpha != 0 { 100 - alpha } else { 0 };
-    (major + 1) * 100_000_000
-        + (minor + 1) * 1_000_000
-        + (release + 1) * 10_000
-        + ((rc + 1) * 100 + 5000)
-        + (t + 1) * 100
-        - alpha_offset
-        + (beta - 1)
-        + patch
+    major
+        .wrapping_mul(10_000_000)
+        .wrapping_add(minor.wrapping_mul(100_000))
+        .wrapping_add(patch.wrapping_mul(1_000))
+        .wrapping_sub(weight)
+        .wrapping_add(pre)
+}
+
+/// torch_npu's `DriverVersionToNum` (`25.0.RC1`, `24.1.0`, `25.0.rc1.1`, `25.0.RC1.alpha001`,
+/// `25.0.RC1.beta2`, `24.1.0.3`, `26.1.0.b083`); 0 for anything else.
+fn driver_version_to_num(version: &str) -> i64 {
+    let t = parts(version);
+    if t.len() < 3 {
+        return 0;
+    }
+    let (major, minor) = (extract(t[0]), extract(t[1]));
+    if major == -1 || minor == -1 {
+        return 0;
+    }
+    let (mut release, mut tv, mut rc, mut patch, mut beta, mut alpha) =
+        (-1i64, -1i64, -51i64, 0i64, 1i64, 0i64);
+    let mut parsed = false;
+    if t.len() == 3 {
+        if starts(t[2], "RC") && t[2].len() > 2 {
+            rc = extract(rest(t[2], "RC"));
+            if rc != -1 {
+                parsed = true;
+            } else {
+                rc = -51;
+            }
+        }
+        if !parsed && starts(t[2], "T") && t[2].len() > 1 {
+            tv = extract(rest(t[2], "T"));
+            parsed = tv != -1;
+        }
+        if !parsed && is_digits(t[2]) {
+            release = extract(t[2]);
+            parsed = release != -1;
+        }
+    }
+    if !parsed && t.len() == 4 {
+        if is_digits(t[2]) && is_digits(t[3]) {
+            release = extract(t[2]);
+            patch = extract(t[3]);
+            if release != -1 && patch != -1 {
+                parsed = true;
+            } else {
+                patch = 0;
+            }
+        }
+        let rc_part = starts(t[2], "RC") && t[2].len() > 2;
+        if !parsed && rc_part && is_digits(t[3]) {
+            rc = extract(rest(t[2], "RC"));
+            patch = extract(t[3]);
+            if rc != -1 && patch != -1 {
+                parsed = true;
+            } else {
+                (rc, patch) = (-51, 0);
+            }
+        }
+        if !parsed && rc_part && starts(t[3], "alpha") && t[3].len() > 5 {
+            rc = extract(rest(t[2], "RC"));
+            alpha = extract(rest(t[3], "alpha"));
+            if rc != -1 && alpha != -1 {
+                parsed = true;
+            } else {
+                (rc, alpha) = (-51, 0);
+            }
+        }
+        if !parsed && rc_part && starts(t[3], "beta") && t[3].len() > 4 {
+            rc = extract(rest(t[2], "RC"));
+            beta = extract(rest(t[3], "beta"));
+            if rc != -1 && beta != -1 {
+                parsed = true;
+            } else {
+                (rc, beta) = (-51, 1);
+            }
+        }
+        if !parsed
+            && is_digits(t[2])
+            && starts(t[3], "b")
+            && !starts(t[3], "beta")
+            && t[3].len() > 1
+        {
+            // A build, as `26.1.0.b083`: its number is the patch (the release is not read).
+            let build = extract(rest(t[3], "b"));
+            if build != -1 {
+                (patch, parsed) = (build, true);
+            } else {
+                patch = 0;
+            }
+        }
+    }
+    if !parsed {
+        return 0;
+    }
+    let alpha_offset = if alpha != 0 {
+        100i64.wrapping_sub(alpha)
+    } else {
+        0
+    };
+    (major.wrapping_add(1).wrapping_mul(100_000_000))
+        .wrapping_add(minor.wrapping_add(1).wrapping_mul(1_000_000))
+        .wrapping_add(release.wrapping_add(1).wrapping_mul(10_000))
+        .wrapping_add(rc.wrapping_add(1).wrapping_mul(100).wrapping_add(5000))
+        .wrapping_add(tv.wrapping_add(1).wrapping_mul(100))
+        .wrapping_sub(alpha_offset)
+        .wrapping_add(beta.wrapping_sub(1))
+        .wrapping_add(patch)
 }
 
 /// torch_npu's `CompareVersionsByDispatch`: whether CANN version `current` is `target` or
-/// later, `None` when either is unreadable (fewer than three parts, or a major or minor that is
-/// not a number). Two versions before 8.5 compare by [`version_to_num`], two of 8.5 or two from
-/// 9 on by [`version_v2_to_num`], others by major and minor alone.
+/// later, `None` when either is unreadable (three parts or fewer, or a major or minor that is
+/// not digits). Two versions before 8.5 compare by [`version_to_num`], two of 8.5 or two from 9
+/// on by [`version_v2_to_num`], others by major and minor alone.
 fn compare_versions(current: &str, target: &str) -> Option<bool> {
     let (c, t) = (parts(current), parts(target));
     if c.len() <= 2 || t.len() <= 2 {
         return None;
     }
-    let (c_major, c_minor) = (number(c[0])?, number(c[1])?);
-    let (t_major, t_minor) = (number(t[0])?, number(t[1])?);
+    if !(is_digits(c[0]) && is_digits(c[1]) && is_digits(t[0]) && is_digits(t[1])) {
+        return None;
+    }
+    // As in torch_npu, a major or minor too large for an i64 reads as -1 here.
+    let (c_major, c_minor) = (extract(c[0]), extract(c[1]));
+    let (t_major, t_minor) = (extract(t[0]), extract(t[1]));
     Some(
         if c_major == 8 && c_minor < 5 && t_major == 8 && t_minor < 5 {
             version_to_num(current) >= version_to_num(target)
@@ -187,8 +311,10 @@ fn compare_versions(current: &str, target: &str) -> Option<bool> {
             || (c_major > 8 && t_major > 8)
         {
             version_v2_to_num(current) >= version_v2_to_num(target)
+        } else if c_major != t_major {
+            c_major > t_major
         } else {
-            (c_major, c_minor) >= (t_major, t_minor)
+            c_minor >= t_minor
         },
     )
 }
@@ -200,12 +326,12 @@ fn is_gte_cann_version(current: &str, boundary: &str) -> bool {
 }
 
 /// torch_npu's `IsGteDriverVersion`: whether the driver is `boundary` or later, asked only of a
-/// CANN of 8.1.RC1 or later.
+/// CANN of 8.1.RC1 or later. The numbers are compared as `double`s, as torch_npu compares them.
 fn is_gte_driver_version(cann: &str, driver: &str, boundary: &str) -> bool {
     if !is_gte_cann_version(cann, MIN_CANN_VERSION) {
         return false;
     }
-    driver_version_to_num(driver) >= driver_version_to_num(boundary)
+    driver_version_to_num(driver) as f64 >= driver_version_to_num(boundary) as f64
 }
 
 #[cfg(test)]
@@ -288,6 +414,33 @@ mod tests {
         assert_eq!(compare_versions("8.1", "8.1.RC1"), None);
         assert_eq!(compare_versions("", "8.1.RC1"), None);
         assert_eq!(compare_versions("x.1.0", "8.1.RC1"), None);
+        // A minor too large for an i64 reads as -1, as torch_npu's ExtractNumFromStr does.
+        assert_eq!(
+            compare_versions("10.99999999999999999999.0", "8.1.RC1"),
+            Some(true)
+        );
+    }
+
+    #[test]
+    fn numbers_too_large_wrap_or_read_as_torch_npu_reads_them() {
+        // No panic: the arithmetic wraps as C++'s does.
+        for v in [
+            "92233720368547758.0.0",
+            "8.1.RC92233720368547758",
+            "9.0.0.rc9223372036854775807",
+            "9223372036854775807.9223372036854775807.9223372036854775807",
+        ] {
+            version_to_num(v);
+            version_v2_to_num(v);
+            driver_version_to_num(v);
+            huge_pages_1g(Some(v), Some(v));
+        }
+        // A release too large for an i64 is left unread in a build version, as in torch_npu.
+        assert_eq!(
+            driver_version_to_num("26.1.99999999999999999999.b083"),
+            2_702_000_083
+        );
+        assert_eq!(version_to_num("8.1.99999999999999999999"), 0);
     }
 
     #[test]

@@ -166,9 +166,8 @@ impl<D: Device> DeviceAllocator<D> {
         allocator.set_clock(Some(crate::history::now_us));
     }
 
-    /// Starts recording with `max_entries` unless this device records already: two threads
-    /// that open a device at once both catch it up, and the second must not clear (as a
-    /// `set_history` does) what the first's allocations recorded meanwhile.
+    /// Starts recording with `max_entries` unless this device records already (a
+    /// `set_history` would clear what it recorded).
     pub(crate) fn catch_up_history(&self, max_entries: usize) {
         let mut allocator = self.lock();
         if !allocator.recording_history() {
@@ -190,9 +189,9 @@ impl<D: Device> DeviceAllocator<D> {
         snapshot.add_device(self.index, &segments, &history)
     }
 
-    /// torch's `snapshot()` of this device: its segments, and a `snapshot` entry in its history.
+    /// The segments and blocks (torch's `memory_snapshot()` of this device), recording nothing.
     pub(crate) fn memory_snapshot(&self) -> Vec<SegmentInfo<D::Stream>> {
-        self.segments_of(&mut self.lock())
+        self.lock().snapshot()
     }
 
     fn segments_of(&self, allocator: &mut Allocator<Shared<D>>) -> Vec<SegmentInfo<D::Stream>> {

@@ -87,17 +87,10 @@ where
         }
     }
 
-    /// Applies the history setting to a device that has just opened.
-    pub(crate) fn catch_up_history(&self, entry: &Entry<D>) {
-        let history = self.history.lock();
-        if let (Entry::Caching(a), Some(max_entries)) = (entry, *history) {
-            a.catch_up_history(max_entries);
-        }
-    }
-
     /// torch's `torch.npu.memory._snapshot()`: every opened device's segments and blocks, and
-    /// its history when recording (ending with a `snapshot` entry, as torch's does), with the
-    /// allocator settings in force.
+    /// its history when recording, with the allocator settings in force. Each recording device
+    /// then gets a `snapshot` entry, after its history was copied (as torch_npu's `snapshot()`
+    /// does), so that entry shows in the next snapshot.
     pub fn snapshot(&self) -> Result<Snapshot, RuntimeError<D::Error>> {
         let conf = self.settings.lock().0.clone();
         let mut snapshot = Snapshot::new(Some(&conf));

@@ -28,16 +28,4 @@ where
             }
         }
     }
-
-    /// Applies the host-queue setting to a device that has just opened.
-    pub(crate) fn catch_up_host_queue(&self, entry: &Entry<D>) {
-        let host = self.host.lock();
-        match entry {
-            Entry::Caching(a) if host.0 != HostQueue::None => {
-                a.set_host_queue(host.0, host.1.clone());
-            }
-            Entry::Caching(_) => {}
-            Entry::Uncached(u) => u.set_sync_hook(host.1.clone()),
-        }
-    }
 }

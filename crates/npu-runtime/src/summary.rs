@@ -11,8 +11,8 @@ const WIDTH: usize = 75;
 /// A cell formatter: a value and the row's reference value (its `all` row) choose the unit.
 type Formatter = fn(i64, i64) -> String;
 
-/// torch_npu's `_format_size`: bytes, scaled while the reference is ≥ 768 of a unit, with its
-/// units (`KB`, not PyTorch's `KiB`) and width.
+/// torch_npu's `_format_size`: bytes divided by 1024 while the reference is at least
+/// 768 × 1024 of the current unit, with its units (`KB`, not PyTorch's `KiB`) and width.
 fn format_size(mut size: i64, reference: i64) -> String {
     const PREFIXES: [&str; 6] = ["B ", "KB", "MB", "GB", "TB", "PB"];
     let mut prefix = PREFIXES[0];
@@ -22,7 +22,7 @@ fn format_size(mut size: i64, reference: i64) -> String {
             break;
         }
         prefix = p;
-        size /= 1024;
+        size = size.div_euclid(1024); // Python's `//` floors
         reference /= 1024.0;
     }
     format!("{size:7} {prefix}")
@@ -38,7 +38,7 @@ fn format_count(mut count: i64, reference: i64) -> String {
             break;
         }
         prefix = p;
-        count /= 1000;
+        count = count.div_euclid(1000);
         reference /= 1000.0;
     }
     format!("{count:7} {prefix} ")
@@ -181,6 +181,9 @@ mod tests {
         assert_eq!(format_size(1024, 1 << 30), "      0 MB");
         assert_eq!(format_count(3, 3), "      3   ");
         assert_eq!(format_count(750_000, 750_000), "    750 K ");
+        // A negative value (a wrapped stat) floors, as Python's `//` does.
+        assert_eq!(format_size(-1, 1 << 30), "     -1 MB");
+        assert_eq!(format_count(-1, 750_000), "     -1 K ");
     }
 
     #[test]

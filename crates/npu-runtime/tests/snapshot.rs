@@ -145,8 +145,12 @@ fn history_is_off_by_default_follows_devices_opened_later_and_forgets_when_turne
         names(&rt.snapshot().unwrap()),
         ["free_completed", "snapshot"]
     );
-    // memory_snapshot() records the entry too (torch_npu's goes through snapshot()).
+    // The per-device memory_snapshot() records nothing (torch_npu's goes through snapshot(),
+    // which Runtime::snapshot is).
     rt.memory_snapshot(1).unwrap();
+    assert_eq!(names(&rt.snapshot().unwrap()), ["snapshot", "snapshot"]);
+    rt.memory_snapshot(1).unwrap();
+    rt.memory_snapshot(0).unwrap();
     assert_eq!(names(&rt.snapshot().unwrap()), ["snapshot", "snapshot"]);
     rt.record_memory_history(false, 0);
     let snap = rt.snapshot().unwrap();
