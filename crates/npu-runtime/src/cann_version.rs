@@ -47,75 +47,76 @@ fn starts(part: &str, prefix: &str) -> bool {
         .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()))
 }
 
-/// The rest of `part` after `prefix` (which [`starts`] it).
-fn rest<'a>(part: &'a str, prefix: &str) -> &'a str {
-    &part[prefix.len()..]
+// The three `*ToNum` functions follow torch_npu's code branch by branch (its -1 and -51
+// sentinels stand for "not in this version"); their arithmetic wraps where C++'s would (a part
+// of 18 digits can overflow it).
+
+/// The major and minor of a version of three parts or more, when both are numbers (torch_npu's
+/// `VersionToNum` and `DriverVersionToNum` give 0 otherwise).
+fn major_minor(t: &[&str]) -> Option<(i64, i64)> {
+    if t.len() < 3 {
+        return None;
+    }
+    let (major, minor) = (extract(t[0]), extract(t[1]));
+    (major != -1 && minor != -1).then_some((major, minor))
 }
 
-// The three `*ToNum` functions follow torch_npu's code branch by branch, -1 and -51 sentinels
-// included; their arithmetic wraps where C++'s would (a part of 18 digits can overflow it).
+/// A part of decimal digits that fits an `i64`.
+fn plain(part: &str) -> Option<i64> {
+    let n = extract(part);
+    (n != -1).then_some(n)
+}
+
+/// The number after `prefix` in `part` (`RC1`, `T5`, `alpha002`, `b083`): `part` starts with it
+/// in any case, something follows, and that is a [`plain`] number.
+fn numbered(part: &str, prefix: &str) -> Option<i64> {
+    if starts(part, prefix) && part.len() > prefix.len() {
+        plain(&part[prefix.len()..])
+    } else {
+        None
+    }
+}
+
+/// A third and last part as `VersionToNum` and `DriverVersionToNum` both read it: `RC<n>`,
+/// `T<n>` or `<n>`, as (release, rc, t) with the other two at their sentinels.
+fn third_part(part: &str) -> Option<(i64, i64, i64)> {
+    numbered(part, "RC")
+        .map(|rc| (-1, rc, -1))
+        .or_else(|| numbered(part, "T").map(|t| (-1, -51, t)))
+        .or_else(|| plain(part).map(|release| (release, -51, -1)))
+}
+
+/// The sum `VersionToNum` and `DriverVersionToNum` both start from.
+fn base_num(major: i64, minor: i64, release: i64, rc: i64, t: i64) -> i64 {
+    (major.wrapping_add(1).wrapping_mul(100_000_000))
+        .wrapping_add(minor.wrapping_add(1).wrapping_mul(1_000_000))
+        .wrapping_add(release.wrapping_add(1).wrapping_mul(10_000))
+        .wrapping_add(rc.wrapping_add(1).wrapping_mul(100).wrapping_add(5000))
+        .wrapping_add(t.wrapping_add(1).wrapping_mul(100))
+}
 
 /// torch_npu's `VersionToNum`, for CANN versions before 8.5 (`8.1.RC1`, `8.0.T5`, `7.0.0`,
 /// `8.1.RC1.alpha002`, `8.0.0.alpha003`); 0 for anything else.
 fn version_to_num(version: &str) -> i64 {
     let t = parts(version);
-    if t.len() < 3 {
+    let Some((major, minor)) = major_minor(&t) else {
         return 0;
-    }
-    let (major, minor) = (extract(t[0]), extract(t[1]));
-    if major == -1 || minor == -1 {
-        return 0;
-    }
-    let (mut release, mut rc, mut tv, mut alpha, mut weight, mut pre) =
-        (-1i64, -51i64, -1i64, 0i64, 0i64, 0i64);
-    let mut parsed = false;
-    if t.len() == 3 {
-        if starts(t[2], "RC") && t[2].len() > 2 {
-            rc = extract(rest(t[2], "RC"));
-            if rc != -1 {
-                parsed = true;
-            } else {
-                rc = -51;
-            }
-        }
-        if !parsed && starts(t[2], "T") && t[2].len() > 1 {
-            tv = extract(rest(t[2], "T"));
-            parsed = tv != -1;
-        }
-        if !parsed && is_digits(t[2]) {
-            release = extract(t[2]);
-            parsed = release != -1;
-        }
-    }
-    if !parsed && t.len() == 4 {
-        if starts(t[2], "RC") && t[2].len() > 2 && starts(t[3], "alpha") && t[3].len() > 5 {
-            rc = extract(rest(t[2], "RC"));
-            alpha = extract(rest(t[3], "alpha"));
-            if rc != -1 && alpha != -1 {
-                parsed = true;
-            } else {
-                (rc, alpha) = (-51, 0);
-            }
-        }
-        if !parsed && is_digits(t[2]) && starts(t[3], "alpha") && t[3].len() > 5 {
-            release = extract(t[2]);
-            weight = 300;
-            pre = extract(rest(t[3], "alpha"));
-            if release != -1 && pre != -1 {
-                parsed = true;
-            } else {
-                pre = 0;
-            }
-        }
-    }
-    if !parsed {
-        return 0;
-    }
-    (major.wrapping_add(1).wrapping_mul(100_000_000))
-        .wrapping_add(minor.wrapping_add(1).wrapping_mul(1_000_000))
-        .wrapping_add(release.wrapping_add(1).wrapping_mul(10_000))
-        .wrapping_add(rc.wrapping_add(1).wrapping_mul(100).wrapping_add(5000))
-        .wrapping_add(tv.wrapping_add(1).wrapping_mul(100))
+    };
+    // (release, rc, t, alpha, weight, prerelease)
+    let (release, rc, tv, alpha, weight, pre) = match t.len() {
+        3 => match third_part(t[2]) {
+            Some((release, rc, tv)) => (release, rc, tv, 0, 0, 0),
+            None => return 0,
+        },
+        // `RC<n>.alpha<n>`, or `<n>.alpha<n>`: a pre-release, weighed down by 300.
+        4 => match (numbered(t[2], "RC"), plain(t[2]), numbered(t[3], "alpha")) {
+            (Some(rc), _, Some(alpha)) => (-1, rc, -1, alpha, 0, 0),
+            (_, Some(release), Some(pre)) => (release, -51, -1, 0, 300, pre),
+            _ => return 0,
+        },
+        _ => return 0,
+    };
+    base_num(major, minor, release, rc, tv)
         .wrapping_sub(100i64.wrapping_sub(alpha))
         .wrapping_sub(weight)
         .wrapping_add(pre)
@@ -128,56 +129,34 @@ fn version_v2_to_num(version: &str) -> i64 {
     if t.len() < 3 {
         return 0;
     }
-    let (major, minor, patch) = (extract(t[0]), extract(t[1]), extract(t[2]));
-    if major == -1 || minor == -1 || patch == -1 {
+    let (Some(major), Some(minor), Some(patch)) = (plain(t[0]), plain(t[1]), plain(t[2])) else {
         return 0;
-    }
-    let (mut weight, mut pre) = (0i64, 0i64);
-    let mut parsed = t.len() == 3;
-    if !parsed && t.len() == 4 {
-        parsed = true;
-        match t[3] {
-            "alpha" => weight = 300,
-            "beta" => weight = 200,
-            "rc" => weight = 100,
-            s => {
-                let numbered = [("alpha", 300), ("beta", 200), ("rc", 100)]
-                    .into_iter()
-                    .find(|(name, _)| starts(s, name) && s.len() > name.len());
-                match numbered {
-                    Some((name, w)) => {
-                        weight = w;
-                        pre = extract(rest(s, name));
-                        if pre == -1 {
-                            (parsed, weight) = (false, 0);
-                        }
-                    }
-                    None => parsed = false,
-                }
-            }
-        }
-    }
-    if !parsed && t.len() == 5 {
-        parsed = true;
-        if is_digits(t[4]) {
-            pre = extract(t[4]);
-            if pre == -1 {
-                (parsed, pre) = (false, 0);
-            } else {
-                match t[3] {
-                    "alpha" => weight = 300,
-                    "beta" => weight = 200,
-                    "rc" => weight = 100,
-                    _ => (parsed, pre) = (false, 0),
-                }
-            }
-        } else {
-            parsed = false;
-        }
-    }
-    if !parsed {
-        return 0;
-    }
+    };
+    // A pre-release stage weighs the version down.
+    let stage = |part: &str| match part {
+        "alpha" => Some(300),
+        "beta" => Some(200),
+        "rc" => Some(100),
+        _ => None,
+    };
+    let (weight, pre) = match t.len() {
+        3 => (0, 0),
+        // `-beta`, or a numbered stage in any case, as `.beta1`.
+        4 => match stage(t[3]).map(|weight| (weight, 0)).or_else(|| {
+            [("alpha", 300), ("beta", 200), ("rc", 100)]
+                .into_iter()
+                .find_map(|(name, weight)| numbered(t[3], name).map(|n| (weight, n)))
+        }) {
+            Some(stage) => stage,
+            None => return 0,
+        },
+        // `-beta.1`
+        5 => match (stage(t[3]), plain(t[4])) {
+            (Some(weight), Some(n)) => (weight, n),
+            _ => return 0,
+        },
+        _ => return 0,
+    };
     major
         .wrapping_mul(10_000_000)
         .wrapping_add(minor.wrapping_mul(100_000))
@@ -190,100 +169,48 @@ fn version_v2_to_num(version: &str) -> i64 {
 /// `25.0.RC1.beta2`, `24.1.0.3`, `26.1.0.b083`); 0 for anything else.
 fn driver_version_to_num(version: &str) -> i64 {
     let t = parts(version);
-    if t.len() < 3 {
+    let Some((major, minor)) = major_minor(&t) else {
         return 0;
-    }
-    let (major, minor) = (extract(t[0]), extract(t[1]));
-    if major == -1 || minor == -1 {
-        return 0;
-    }
-    let (mut release, mut tv, mut rc, mut patch, mut beta, mut alpha) =
-        (-1i64, -1i64, -51i64, 0i64, 1i64, 0i64);
-    let mut parsed = false;
-    if t.len() == 3 {
-        if starts(t[2], "RC") && t[2].len() > 2 {
-            rc = extract(rest(t[2], "RC"));
-            if rc != -1 {
-                parsed = true;
+    };
+    // (release, rc, t, patch, beta, alpha)
+    let (release, rc, tv, patch, beta, alpha) = match t.len() {
+        3 => match third_part(t[2]) {
+            Some((release, rc, tv)) => (release, rc, tv, 0, 1, 0),
+            None => return 0,
+        },
+        4 => {
+            let (third, fourth) = (t[2], t[3]);
+            if let (Some(release), Some(patch)) = (plain(third), plain(fourth)) {
+                (release, -51, -1, patch, 1, 0)
+            } else if let Some(rc) = numbered(third, "RC") {
+                if let Some(patch) = plain(fourth) {
+                    (-1, rc, -1, patch, 1, 0)
+                } else if let Some(alpha) = numbered(fourth, "alpha") {
+                    (-1, rc, -1, 0, 1, alpha)
+                } else if let Some(beta) = numbered(fourth, "beta") {
+                    (-1, rc, -1, 0, beta, 0)
+                } else {
+                    return 0;
+                }
+            } else if is_digits(third) && !starts(fourth, "beta") {
+                // A build, as `26.1.0.b083`: its number is the patch. torch_npu tests only
+                // that the third part is digits, and does not read it.
+                match numbered(fourth, "b") {
+                    Some(build) => (-1, -51, -1, build, 1, 0),
+                    None => return 0,
+                }
             } else {
-                rc = -51;
+                return 0;
             }
         }
-        if !parsed && starts(t[2], "T") && t[2].len() > 1 {
-            tv = extract(rest(t[2], "T"));
-            parsed = tv != -1;
-        }
-        if !parsed && is_digits(t[2]) {
-            release = extract(t[2]);
-            parsed = release != -1;
-        }
-    }
-    if !parsed && t.len() == 4 {
-        if is_digits(t[2]) && is_digits(t[3]) {
-            release = extract(t[2]);
-            patch = extract(t[3]);
-            if release != -1 && patch != -1 {
-                parsed = true;
-            } else {
-                patch = 0;
-            }
-        }
-        let rc_part = starts(t[2], "RC") && t[2].len() > 2;
-        if !parsed && rc_part && is_digits(t[3]) {
-            rc = extract(rest(t[2], "RC"));
-            patch = extract(t[3]);
-            if rc != -1 && patch != -1 {
-                parsed = true;
-            } else {
-                (rc, patch) = (-51, 0);
-            }
-        }
-        if !parsed && rc_part && starts(t[3], "alpha") && t[3].len() > 5 {
-            rc = extract(rest(t[2], "RC"));
-            alpha = extract(rest(t[3], "alpha"));
-            if rc != -1 && alpha != -1 {
-                parsed = true;
-            } else {
-                (rc, alpha) = (-51, 0);
-            }
-        }
-        if !parsed && rc_part && starts(t[3], "beta") && t[3].len() > 4 {
-            rc = extract(rest(t[2], "RC"));
-            beta = extract(rest(t[3], "beta"));
-            if rc != -1 && beta != -1 {
-                parsed = true;
-            } else {
-                (rc, beta) = (-51, 1);
-            }
-        }
-        if !parsed
-            && is_digits(t[2])
-            && starts(t[3], "b")
-            && !starts(t[3], "beta")
-            && t[3].len() > 1
-        {
-            // A build, as `26.1.0.b083`: its number is the patch (the release is not read).
-            let build = extract(rest(t[3], "b"));
-            if build != -1 {
-                (patch, parsed) = (build, true);
-            } else {
-                patch = 0;
-            }
-        }
-    }
-    if !parsed {
-        return 0;
-    }
+        _ => return 0,
+    };
     let alpha_offset = if alpha != 0 {
         100i64.wrapping_sub(alpha)
     } else {
         0
     };
-    (major.wrapping_add(1).wrapping_mul(100_000_000))
-        .wrapping_add(minor.wrapping_add(1).wrapping_mul(1_000_000))
-        .wrapping_add(release.wrapping_add(1).wrapping_mul(10_000))
-        .wrapping_add(rc.wrapping_add(1).wrapping_mul(100).wrapping_add(5000))
-        .wrapping_add(tv.wrapping_add(1).wrapping_mul(100))
+    base_num(major, minor, release, rc, tv)
         .wrapping_sub(alpha_offset)
         .wrapping_add(beta.wrapping_sub(1))
         .wrapping_add(patch)
