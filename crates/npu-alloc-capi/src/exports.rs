@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use alloc_core::PoolId;
-use npu_runtime::{NpuAllocator, Stream};
+use npu_runtime::{AclError, NpuAllocator, RuntimeError, Stream};
 
 use crate::error::{Fail, NpuAllocStatus, last_error, or, status};
 use crate::hook::synchronize_before_release;
@@ -248,14 +248,8 @@ pub unsafe extern "C" fn npu_alloc_erase_stream_handle(
     ptr: *mut c_void,
     stream: *mut c_void,
 ) -> NpuAllocStatus {
-    status(|| {
-        if ptr.is_null() {
-            return Err(Fail::invalid("erase_stream: null pointer"));
-        }
-        // SAFETY: forwarded from the caller's contract.
-        let stream = unsafe { self::stream(stream) };
-        Ok(runtime()?.erase_stream(ptr as usize as u64, stream)?)
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { stream_use("erase_stream", ptr, stream, NpuAllocator::erase_stream) }
 }
 
 /// `record_stream(ptr, stream)` with the stream's `aclrtStream` handle: the block's memory is
@@ -269,13 +263,28 @@ pub unsafe extern "C" fn npu_alloc_record_stream_handle(
     ptr: *mut c_void,
     stream: *mut c_void,
 ) -> NpuAllocStatus {
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { stream_use("record_stream", ptr, stream, NpuAllocator::record_stream) }
+}
+
+/// `record_stream` or `erase_stream` (`change`, named `what` in errors) of `ptr` on the stream
+/// handle `stream`; a NULL `ptr` is [`NpuAllocStatus::InvalidArgument`].
+///
+/// # Safety
+/// `stream` is NULL (the default stream) or a live `aclrtStream` of the block's device.
+unsafe fn stream_use(
+    what: &str,
+    ptr: *mut c_void,
+    stream: *mut c_void,
+    change: fn(&NpuAllocator, u64, Stream) -> Result<(), RuntimeError<AclError>>,
+) -> NpuAllocStatus {
     status(|| {
         if ptr.is_null() {
-            return Err(Fail::invalid("record_stream: null pointer"));
+            return Err(Fail::invalid(format!("{what}: null pointer")));
         }
         // SAFETY: forwarded from the caller's contract.
         let stream = unsafe { self::stream(stream) };
-        Ok(runtime()?.record_stream(ptr as usize as u64, stream)?)
+        Ok(change(runtime()?, ptr as usize as u64, stream)?)
     })
 }
 

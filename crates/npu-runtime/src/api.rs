@@ -328,14 +328,7 @@ where
     /// `record_stream(addr, stream)`: the allocation is also used on `stream`, so its memory
     /// is reused only after the work queued there when it is freed has completed.
     pub fn record_stream(&self, addr: u64, stream: D::Stream) -> Result<(), D::Error> {
-        if addr == 0 {
-            return Ok(());
-        }
-        self.route(addr, |entry| match entry {
-            Entry::Caching(a) => a.record_stream(addr, stream),
-            Entry::Uncached(u) if u.contains(addr) => Ok(()),
-            Entry::Uncached(_) => Err(FreeError::ForeignPointer { addr }.into()),
-        })
+        self.change_stream_uses(addr, |a| a.record_stream(addr, stream))
     }
 
     /// torch_npu's `erase_stream(ptr, stream)`: undoes `record_stream(ptr, stream)`, so that
@@ -343,11 +336,22 @@ where
     /// allocated on its device's current stream; the runtime has no current stream, so that
     /// check is the caller's. Errors as [`Runtime::record_stream`]'s.
     pub fn erase_stream(&self, addr: u64, stream: D::Stream) -> Result<(), D::Error> {
+        self.change_stream_uses(addr, |a| a.erase_stream(addr, stream))
+    }
+
+    /// `op`, a change of the streams the live allocation at `addr` is used on, on the device
+    /// that owns it. Address 0 changes nothing, and neither does an allocation of a device
+    /// without caching, whose frees wait for the whole device anyway.
+    fn change_stream_uses(
+        &self,
+        addr: u64,
+        op: impl Fn(&DeviceAllocator<D>) -> Result<(), D::Error>,
+    ) -> Result<(), D::Error> {
         if addr == 0 {
             return Ok(());
         }
         self.route(addr, |entry| match entry {
-            Entry::Caching(a) => a.erase_stream(addr, stream),
+            Entry::Caching(a) => op(a),
             Entry::Uncached(u) if u.contains(addr) => Ok(()),
             Entry::Uncached(_) => Err(FreeError::ForeignPointer { addr }.into()),
         })
