@@ -47,6 +47,16 @@ fn magma27_imports_as_the_shipped_gpt2_trace() {
     assert_eq!(stats.segment.all.current, 240);
 }
 
+/// `snapshot` imported with the default options, and its trace's lines.
+fn import_lines(snapshot: &Snapshot) -> (alloc_trace::Imported, Vec<String>) {
+    let imported = import_snapshot(snapshot, &ImportOptions::default(), None).unwrap();
+    let lines = to_text(&imported.trace)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    (imported, lines)
+}
+
 fn entry(action: Action, addr: i64, size: i64, stream: i64, time_us: i64) -> TraceEntry {
     TraceEntry {
         action,
@@ -117,8 +127,7 @@ fn frees_completed_later_hold_their_block_on_a_stream_of_their_own() {
         ]],
         ..Snapshot::default()
     };
-    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
-    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    let (imported, body) = import_lines(&snapshot);
     assert_eq!(
         body,
         [
@@ -180,9 +189,8 @@ fn negative_sizes_and_settings_a_conf_line_cannot_hold_are_left_out_with_warning
     // The replayer would read `max_split_size_mb:64` and take `#x` for a comment.
     settings.alloc_conf = "max_split_size_mb:64#x".into();
     snapshot.allocator_settings = Some(settings);
-    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
+    let (imported, body) = import_lines(&snapshot);
     assert_eq!(imported.trace.conf, None);
-    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
     assert_eq!(
         body,
         [
@@ -228,8 +236,7 @@ fn a_double_free_is_left_out_and_does_not_make_a_prologue_block() {
         ]],
         ..Snapshot::default()
     };
-    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
-    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    let (imported, body) = import_lines(&snapshot);
     // 0x30_0000 predates the history (its first free); 0x20_0000 is allocated in it, and its
     // second and third frees, like 0x30_0000's second, are double frees.
     assert_eq!(
@@ -263,8 +270,7 @@ fn a_double_free_is_left_out_and_does_not_make_a_prologue_block() {
         ]],
         ..Snapshot::default()
     };
-    let imported = import_snapshot(&snapshot, &ImportOptions::default(), None).unwrap();
-    let body: Vec<&str> = to_text(&imported.trace).leak().lines().collect();
+    let (_, body) = import_lines(&snapshot);
     assert_eq!(
         body,
         [
