@@ -204,8 +204,8 @@ where
                 // then given the run-time settings so far.
                 let a = DeviceAllocator::new(dev.clone(), facts, &self.config.alloc);
                 a.catch_up(&settings.1);
-                if let Some(max_entries) = *history {
-                    a.catch_up_history(max_entries);
+                if history.is_some() {
+                    a.set_history(*history);
                 }
                 if host.0 != alloc_core::HostQueue::None {
                     a.set_host_queue(host.0, host.1.clone());

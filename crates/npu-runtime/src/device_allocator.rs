@@ -166,16 +166,6 @@ impl<D: Device> DeviceAllocator<D> {
         allocator.set_clock(Some(crate::history::now_us));
     }
 
-    /// Starts recording with `max_entries` unless this device records already (a
-    /// `set_history` would clear what it recorded).
-    pub(crate) fn catch_up_history(&self, max_entries: usize) {
-        let mut allocator = self.lock();
-        if !allocator.recording_history() {
-            allocator.record_history(Some(max_entries));
-            allocator.set_clock(Some(crate::history::now_us));
-        }
-    }
-
     /// Adds this device's segments and history, taken under one lock, to `snapshot`, and
     /// records a `snapshot` entry. As in torch_npu, whose `snapshot()` copies each device's
     /// trace before its segments record that entry, the entry shows in the next snapshot.
@@ -185,19 +175,14 @@ impl<D: Device> DeviceAllocator<D> {
     ) -> Result<(), alloc_snapshot::ExportError> {
         let mut allocator = self.lock();
         let (history, _) = allocator.history();
-        let segments = self.segments_of(&mut allocator);
+        let segments = allocator.snapshot();
+        allocator.mark_snapshot();
         snapshot.add_device(self.index, &segments, &history)
     }
 
     /// The segments and blocks (torch's `memory_snapshot()` of this device), recording nothing.
     pub(crate) fn memory_snapshot(&self) -> Vec<SegmentInfo<D::Stream>> {
         self.lock().snapshot()
-    }
-
-    fn segments_of(&self, allocator: &mut Allocator<Shared<D>>) -> Vec<SegmentInfo<D::Stream>> {
-        let segments = allocator.snapshot();
-        allocator.mark_snapshot();
-        segments
     }
 
     /// `malloc(size, stream)` from private pool `pool` (`None`: the default pools); see the
