@@ -74,14 +74,17 @@ impl From<RuntimeError<AclError>> for Fail {
     fn from(e: RuntimeError<AclError>) -> Fail {
         use alloc_core::{AllocError, FractionError, FreeError, SaverError};
         let status = match &e {
-            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. })
-            | RuntimeError::Saver(
-                SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. },
-            )
-            | RuntimeError::SaverStopped {
-                error: SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. },
-                ..
-            } => NpuAllocStatus::OutOfMemory,
+            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. }) => {
+                NpuAllocStatus::OutOfMemory
+            }
+            // A pause or resume that stopped on a later device: the status of why it stopped.
+            RuntimeError::Saver(error) | RuntimeError::SaverStopped { error, .. } => match error {
+                SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. } => {
+                    NpuAllocStatus::OutOfMemory
+                }
+                SaverError::Device(_) => NpuAllocStatus::DeviceError,
+                _ => NpuAllocStatus::Refused,
+            },
             RuntimeError::Free(
                 FreeError::ForeignPointer { .. } | FreeError::NotAllocated { .. },
             ) => NpuAllocStatus::UnknownPointer,
@@ -89,15 +92,8 @@ impl From<RuntimeError<AclError>> for Fail {
             | RuntimeError::Fraction(FractionError::OutOfRange(_)) => {
                 NpuAllocStatus::InvalidArgument
             }
-            RuntimeError::Saver(SaverError::Device(_))
-            | RuntimeError::SaverStopped {
-                error: SaverError::Device(_),
-                ..
-            } => NpuAllocStatus::DeviceError,
             RuntimeError::Pool(_)
             | RuntimeError::Alloc(AllocError::Paused { .. } | AllocError::Pool(_))
-            | RuntimeError::Saver(_)
-            | RuntimeError::SaverStopped { .. }
             | RuntimeError::ScopeNotOpen
             | RuntimeError::NoCaching
             | RuntimeError::Snapshot(_) => NpuAllocStatus::Refused,
