@@ -162,6 +162,11 @@ pub enum Action {
     Oom,
     /// A snapshot was taken.
     Snapshot,
+    /// torch_npu: a block of its workspace allocator (`NPUWorkspaceAllocator`, memory it takes
+    /// from the device outside the caching allocator) held when the snapshot was taken. Each
+    /// comes first in the device's trace, followed by a `segment_alloc` and an `alloc` of the
+    /// same block made up by the snapshot, not by the history.
+    WorkspaceSnapshot,
     /// A user annotation (`torch.cuda.memory._record_memory_history` annotations).
     Annotate,
     /// An action this version does not know; kept by the reader, skipped by the importer.
@@ -181,6 +186,7 @@ impl Action {
             Action::SegmentUnmap => "segment_unmap",
             Action::Oom => "oom",
             Action::Snapshot => "snapshot",
+            Action::WorkspaceSnapshot => "workspace_snapshot",
             Action::Annotate => "annotate",
             Action::Other(s) => s,
         }
@@ -198,6 +204,7 @@ impl Action {
             "segment_unmap" => Action::SegmentUnmap,
             "oom" => Action::Oom,
             "snapshot" => Action::Snapshot,
+            "workspace_snapshot" => Action::WorkspaceSnapshot,
             "annotate" => Action::Annotate,
             other => Action::Other(other.to_owned()),
         }

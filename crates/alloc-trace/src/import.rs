@@ -17,8 +17,13 @@
 //! - Segment, out-of-memory, snapshot and annotation entries are skipped (counted in
 //!   [`ImportSummary`]); so is what does not pair up (a free of an address freed already, an
 //!   `alloc` of an address still live), each counted as a warning.
+//! - torch_npu's workspace allocator (`NPUWorkspaceAllocator`) takes device memory outside the
+//!   caching allocator, and its snapshot adds that memory as segments and, at the front of
+//!   the trace, a `workspace_snapshot`, `segment_alloc` and `alloc` for each block. None of it
+//!   is the caching allocator's: those entries and segments are left out, and the blocks'
+//!   bytes become the trace's `device_overhead`, memory the device has given to others.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use alloc_snapshot::{Action, BlockState, Snapshot, TraceEntry};
@@ -89,6 +94,10 @@ pub struct ImportSummary {
     pub streams: Vec<i64>,
     /// Streams added for delayed frees.
     pub extra_streams: u64,
+    /// torch_npu workspace blocks left out (their `workspace_snapshot` entries).
+    pub workspace_blocks: u64,
+    /// Their bytes, written as the trace's `device_overhead`.
+    pub workspace_bytes: u64,
     /// Entries skipped as the allocator's own decisions or annotations, by action name.
     pub skipped: BTreeMap<String, u64>,
     /// Entries that did not pair up and were left out, by what was wrong.
@@ -164,6 +173,12 @@ impl Imported {
                 String::new()
             }
         ));
+        if s.workspace_blocks > 0 {
+            out.push_str(&format!(
+                "# workspace: {} blocks of torch_npu's workspace allocator, {} bytes, as device_overhead\n",
+                s.workspace_blocks, s.workspace_bytes
+            ));
+        }
         for (action, n) in &s.skipped {
             out.push_str(&format!(
                 "# skipped: {n} {action} entries (the allocator's own decisions)\n"
@@ -194,6 +209,44 @@ fn histories(snapshot: &Snapshot) -> impl Iterator<Item = (i64, &[TraceEntry])> 
         .enumerate()
         .filter(|(_, t)| !t.is_empty())
         .map(|(i, t)| (i as i64, t.as_slice()))
+}
+
+/// torch_npu's workspace blocks in a device's trace entries: each `workspace_snapshot` and
+/// the `segment_alloc` and `alloc` of its address that its snapshot puts right after it.
+#[derive(Default)]
+struct Workspace {
+    /// The indexes of those entries.
+    entries: HashSet<usize>,
+    /// The blocks' addresses (their segments' too: a workspace segment is one block).
+    addrs: HashSet<i64>,
+}
+
+impl Workspace {
+    fn find(entries: &[TraceEntry], summary: &mut ImportSummary) -> Workspace {
+        let mut w = Workspace::default();
+        for (i, e) in entries.iter().enumerate() {
+            if e.action != Action::WorkspaceSnapshot {
+                continue;
+            }
+            w.entries.insert(i);
+            let Some(addr) = e.addr else { continue };
+            w.addrs.insert(addr);
+            summary.workspace_blocks += 1;
+            summary.workspace_bytes = summary
+                .workspace_bytes
+                .saturating_add(u64::try_from(e.size).unwrap_or(0));
+            let made_up = [Action::SegmentAlloc, Action::Alloc];
+            for (j, action) in (i + 1..).zip(made_up) {
+                match entries.get(j) {
+                    Some(f) if f.action == action && f.addr == Some(addr) => {
+                        w.entries.insert(j);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        w
+    }
 }
 
 /// Streams renumbered: torch's 0 stays 0, others in order of first appearance.
@@ -243,6 +296,7 @@ pub fn import_snapshot(
         ..ImportSummary::default()
     };
     let mut streams = Streams::new();
+    let workspace = Workspace::find(entries, &mut summary);
 
     // Pass 1: which addresses the history allocates and frees (to find the prologue), where
     // each free completes, and every stream in order of first appearance.
@@ -253,6 +307,9 @@ pub fn import_snapshot(
     let mut last_freed: HashMap<i64, ()> = HashMap::new(); // addresses last seen freed
     for (i, e) in entries.iter().enumerate() {
         let Some(addr) = e.addr else { continue };
+        if workspace.entries.contains(&i) {
+            continue;
+        }
         match e.action {
             Action::Alloc => {
                 streams.id(e.stream);
@@ -285,7 +342,11 @@ pub fn import_snapshot(
     // End-state active blocks the history's allocations do not account for.
     let mut prologue: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
     let mut pending_at_end: HashMap<i64, ()> = HashMap::new();
-    for seg in snapshot.segments.iter().filter(|s| s.device == device) {
+    let segments = snapshot
+        .segments
+        .iter()
+        .filter(|s| s.device == device && !workspace.addrs.contains(&s.address));
+    for seg in segments {
         for b in &seg.blocks {
             if b.state == BlockState::ActivePendingFree {
                 pending_at_end.insert(b.address, ());
@@ -321,6 +382,7 @@ pub fn import_snapshot(
 
     let mut trace = Trace::new("imported.trace");
     trace.capacity = options.capacity;
+    trace.device_overhead = (summary.workspace_bytes > 0).then_some(summary.workspace_bytes);
     if let Some(conf) = snapshot
         .allocator_settings
         .as_ref()
@@ -372,6 +434,9 @@ pub fn import_snapshot(
             && i % 65_536 == 0
         {
             tick(i as u64);
+        }
+        if workspace.entries.contains(&i) {
+            continue;
         }
         let addr = match (&e.action, e.addr) {
             (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => a,

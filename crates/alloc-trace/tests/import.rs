@@ -285,6 +285,76 @@ fn a_double_free_is_left_out_and_does_not_make_a_prologue_block() {
     );
 }
 
+/// torch_npu's snapshot adds its workspace allocator's blocks (`Module.cpp`'s
+/// `_npu_memorySnapshot`, `NPUWorkspaceAllocator::get_trace` and `get_segm`): a one-block
+/// segment each, and at the front of the trace a `workspace_snapshot`, `segment_alloc` and
+/// `alloc` of the block's whole size. None of it is the caching allocator's.
+#[test]
+fn torch_npu_workspace_blocks_become_device_overhead() {
+    use Action::{Alloc, FreeRequested, SegmentAlloc, WorkspaceSnapshot};
+    const WS: i64 = 0x7f00_1234_0000; // torch_npu's stream handles are never 0
+    const WORKSPACE: i64 = 0x9000_0000;
+    let workspace_segment = Segment {
+        address: WORKSPACE,
+        total_size: 6 << 20,
+        allocated_size: 6 << 20,
+        active_size: 6 << 20,
+        requested_size: 5 << 20,
+        stream: WS,
+        segment_type: SegmentType::Large,
+        blocks: vec![block(WORKSPACE, 6 << 20, BlockState::ActiveAllocated)],
+        ..small_segment(Vec::new())
+    };
+    let snapshot = Snapshot {
+        segments: vec![
+            small_segment(vec![
+                block(0x10_0000, 512, BlockState::ActiveAllocated),
+                block(0x10_0200, (2 << 20) - 512, BlockState::Inactive),
+            ]),
+            workspace_segment,
+        ],
+        device_traces: vec![vec![
+            entry(WorkspaceSnapshot, WORKSPACE, 6 << 20, WS, 0),
+            entry(SegmentAlloc, WORKSPACE, 6 << 20, WS, 0),
+            entry(Alloc, WORKSPACE, 6 << 20, WS, 0),
+            entry(Alloc, 0x20_0000, 1000, WS, 1),
+            entry(FreeRequested, 0x20_0000, 1000, WS, 2),
+            // A later alloc at a workspace address is history: the caching allocator had the
+            // range before the workspace did.
+            entry(Alloc, WORKSPACE, 4096, WS, 3),
+            entry(FreeRequested, WORKSPACE, 4096, WS, 4),
+        ]],
+        ..Snapshot::default()
+    };
+    let (imported, lines) = import_lines(&snapshot);
+    assert_eq!(
+        lines,
+        [
+            "device_overhead 6291456",
+            "alloc p0 512 0",
+            "reset_peak",
+            "stats prologue",
+            "alloc a0 1000 1",
+            "free a0",
+            "alloc a1 4096 1",
+            "free a1",
+            "stats end"
+        ]
+    );
+    let s = &imported.summary;
+    assert_eq!((s.workspace_blocks, s.workspace_bytes), (1, 6 << 20));
+    assert_eq!((s.prologue, s.allocs, s.frees), (1, 2, 2));
+    // The workspace's stream appears in the history only through the caching allocator's own
+    // entries: stream 0 is the prologue segment's.
+    assert_eq!(s.streams, [0, WS]);
+    assert!(s.skipped.is_empty() && s.warnings.is_empty(), "{s:?}");
+    assert!(
+        imported
+            .to_text("npu.pickle")
+            .contains("# workspace: 1 blocks of torch_npu's workspace allocator, 6291456 bytes, as device_overhead\n")
+    );
+}
+
 #[test]
 fn a_snapshot_without_history_or_without_the_device_is_refused() {
     let empty = Snapshot::default();

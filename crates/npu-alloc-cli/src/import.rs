@@ -127,6 +127,13 @@ pub(crate) fn run(args: Args) -> ExitCode {
         s.delayed_frees,
         s.streams.len() as u64 + s.extra_streams
     );
+    if s.workspace_blocks > 0 {
+        eprintln!(
+            "note: {} blocks of torch_npu's workspace allocator ({} bytes) are not the caching \
+             allocator's: written as device_overhead",
+            s.workspace_blocks, s.workspace_bytes
+        );
+    }
     for line in s.left_out_lines() {
         eprintln!("warning: left out {line}");
     }
