@@ -184,9 +184,11 @@ enum NpuAllocStatus npu_alloc_erase_stream_handle(void *ptr, void *stream);
 enum NpuAllocStatus npu_alloc_record_stream_handle(void *ptr, void *stream);
 
 /**
- * torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`.
+ * torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`. The device is an
+ * `int8_t`, torch's `DeviceIndex`, as torch_npu calls the hook: read as an `int`, the bits
+ * above the first byte would be whatever the caller's register held.
  */
-void npu_alloc_reset_peak_stats(int device);
+void npu_alloc_reset_peak_stats(int8_t device);
 
 /**
  * `torch.npu.empty_cache()`: the synchronize hook (if set), then every whole free segment of
@@ -309,15 +311,20 @@ enum NpuAllocStatus npu_alloc_resume(const char *tag);
 /**
  * Sets the device-synchronize hook (NULL: none). Called, with no npu-alloc lock held, before
  * `npu_alloc_empty_cache`, `npu_alloc_reset`, `npu_alloc_pause` and `npu_alloc_mem_pool_release`
- * give memory back, and before a malloc's out-of-memory retry releases cached memory. Without
- * a hook, a malloc never releases cached memory (it runs out of memory instead, with a
- * warning once).
+ * give memory back (the first three call it once for each device the library has opened),
+ * and before a malloc's out-of-memory retry releases cached memory (for the malloc's device).
+ * Without a hook, a malloc never releases cached memory (it runs out of memory instead, with
+ * a warning once).
+ *
+ * Setting it does not start the library: torch_npu's own `aclInit` (with its configuration
+ * file) must come first, and `install()` sets the hook before torch_npu initializes.
  */
 void npu_alloc_set_synchronize_hook(int (*hook)(int));
 
 /**
  * A synchronize hook for programs without a host task queue: `aclrtSynchronizeDevice` on
- * `device` (-1: every device). Returns an [`NpuAllocStatus`] as an int.
+ * `device` (-1: every device the library has opened), then the calling thread's device is
+ * current again. Returns an [`NpuAllocStatus`] as an int.
  */
 int npu_alloc_acl_synchronize(int device);
 

@@ -20,6 +20,7 @@ import ctypes
 import json
 import operator
 import os
+import sys
 import threading
 
 __all__ = [
@@ -121,13 +122,16 @@ def _last_error():
 
 # The exception a synchronize hook raised on this thread, until the call it failed reports.
 _hook_failure = threading.local()
+# How the library's error for a failed hook begins.
+_HOOK_FAILED = "the synchronize hook failed"
 
 
 def _raise(error):
-    """Raises ``error``, caused by the exception a synchronize hook raised in the call."""
+    """Raises ``error``, caused by the exception a synchronize hook raised in the call. A hook's
+    exception from a call torch_npu made (its ``empty_cache``) is not this error's cause."""
     cause = getattr(_hook_failure, "exc", None)
     _hook_failure.exc = None
-    if cause is not None:
+    if cause is not None and _HOOK_FAILED in str(error):
         raise error from cause
     raise error
 
@@ -135,6 +139,7 @@ def _raise(error):
 def _check(status):
     if status != _OK:
         _raise((OutOfMemoryError if status == _OOM else NpuAllocError)(_last_error(), status))
+    _hook_failure.exc = None
 
 
 def _text(s, what):
@@ -158,7 +163,19 @@ def _size(value, what="size"):
     return _int(value, what, 0, (1 << (8 * ctypes.sizeof(ctypes.c_size_t))) - 1)
 
 
+def _current_device():
+    """torch's current NPU device once torch_npu is imported (this module never imports it),
+    else 0."""
+    torch = sys.modules.get("torch")
+    if "torch_npu" in sys.modules and torch is not None:
+        return torch.npu.current_device()
+    return 0
+
+
 def _device(device):
+    """``device`` as a C int; None is the current device (``_current_device``), as in torch."""
+    if device is None:
+        device = _current_device()
     # A negative index is the library's to refuse (InvalidArgument); one beyond a C int is not.
     return _int(device, "device", -(1 << 31), (1 << 31) - 1)
 
@@ -167,8 +184,8 @@ def _address(value, what):
     return _int(value, what, 0, (1 << (8 * ctypes.sizeof(ctypes.c_void_p))) - 1)
 
 
-def malloc(size, device=0, stream=0):
-    """``size`` bytes on ``device`` for ``stream`` (an ``aclrtStream`` handle as an int, 0 for
+def malloc(size, device=None, stream=0):
+    """``size`` bytes on ``device`` (None: the current device) for ``stream`` (an ``aclrtStream`` handle as an int, 0 for
     the default stream); the address, 0 for size 0. Raises OutOfMemoryError with torch_npu's
     message."""
     size, device = _size(size), _device(device)
@@ -202,8 +219,8 @@ def erase_stream(ptr, stream):
     _check(_load().npu_alloc_erase_stream_handle(ptr, stream or None))
 
 
-def memory_stats(device=0):
-    """torch's ``memory_stats()`` keys for ``device``, as a dict."""
+def memory_stats(device=None):
+    """torch's ``memory_stats()`` keys for ``device`` (None: the current device), as a dict."""
     lib, device = _load(), _device(device)
     needed = ctypes.c_size_t(0)
     buf = None
@@ -223,16 +240,17 @@ def empty_cache():
     _check(_load().npu_alloc_empty_cache())
 
 
-def mem_get_info(device=0):
-    """``(free, total)`` device memory in bytes."""
+def mem_get_info(device=None):
+    """``(free, total)`` memory of ``device`` (None: the current device) in bytes."""
     free_b, total = ctypes.c_size_t(), ctypes.c_size_t()
     device = _device(device)
     _check(_load().npu_alloc_mem_get_info(device, ctypes.byref(free_b), ctypes.byref(total)))
     return free_b.value, total.value
 
 
-def set_per_process_memory_fraction(fraction, device=0):
-    """Limits the allocator on ``device`` to ``fraction`` of its memory (0 to 1)."""
+def set_per_process_memory_fraction(fraction, device=None):
+    """Limits the allocator on ``device`` (None: the current device) to ``fraction`` of its
+    memory (0 to 1)."""
     if not isinstance(fraction, (int, float)):
         raise TypeError("Invalid type for fraction argument, must be float")
     _check(_load().npu_alloc_set_per_process_memory_fraction(float(fraction), _device(device)))
@@ -255,12 +273,13 @@ def dump_snapshot(path):
 
 
 class MemPool:
-    """torch's ``MemPool`` on ``device``: a private pool, given back by ``release()``."""
+    """torch's ``MemPool`` on ``device`` (None: the current device): a private pool, given back
+    by ``release()``."""
 
-    def __init__(self, device=0):
+    def __init__(self, device=None):
         self.device = _device(device)
         pid = ctypes.c_uint64()
-        _check(_load().npu_alloc_mem_pool_create(device, ctypes.byref(pid)))
+        _check(_load().npu_alloc_mem_pool_create(self.device, ctypes.byref(pid)))
         self.id = (0, pid.value)
         self._released = False
 
@@ -284,9 +303,10 @@ def use_mem_pool(pool):
 
 
 @contextlib.contextmanager
-def region(tag="default", enable_cpu_backup=False, device=0):
-    """torch_memory_saver's ``region``: allocations of this thread inside the block can be
-    paused and resumed at the same addresses (their bytes kept with ``enable_cpu_backup``)."""
+def region(tag="default", enable_cpu_backup=False, device=None):
+    """torch_memory_saver's ``region``: allocations of this thread on ``device`` (None: the
+    current device) inside the block can be paused and resumed at the same addresses (their
+    bytes kept with ``enable_cpu_backup``)."""
     device = _device(device)
     _check(_load().npu_alloc_region_begin(device, _text(tag, "tag"), bool(enable_cpu_backup)))
     try:
@@ -306,8 +326,9 @@ def resume(tag=None):
 
 
 def set_synchronize_hook(hook):
-    """Calls ``hook(device)`` (device -1: every device) before memory goes back to the device;
-    it must drain queued work and synchronize. None removes it. An exception in the hook counts
+    """Calls ``hook(device)`` before memory of ``device`` goes back to it (for a call over every
+    device, once for each device npu-alloc has opened); it must drain queued work for that
+    device and synchronize it. None removes it. An exception in the hook counts
     as a failure: nothing is given back, and the NpuAllocError of the call that ran the hook has
     the hook's exception as its ``__cause__``."""
     if hook is None:
@@ -345,7 +366,7 @@ def install():
                            ("set_base_alloc_fn", "npu_alloc_base_alloc"),
                            ("set_reset_peak_status_fn", "npu_alloc_reset_peak_stats")):
         getattr(inner, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
-    set_synchronize_hook(lambda device: torch.npu.synchronize())
+    set_synchronize_hook(lambda device: torch.npu.synchronize(device))
     torch_npu.npu.memory.change_current_allocator(alloc)
     _keep_alive.append(alloc)
     return alloc

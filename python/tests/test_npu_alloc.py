@@ -216,7 +216,13 @@ class Hook(unittest.TestCase):
             npu_alloc.free(p)
             frees = FAKE.fake_acl_calls(b"aclrtFree")
             npu_alloc.empty_cache()
-            self.assertEqual(seen, [(-1, frees)], "called once, before any aclrtFree")
+            # Once for each device the library has opened (device 0 here, and device 1 if an
+            # earlier test used it), each before any aclrtFree.
+            devices = [d for d, _ in seen]
+            self.assertIn(0, devices)
+            self.assertEqual(sorted(devices), sorted(set(devices)))
+            self.assertTrue(all(0 <= d < 2 for d in devices), devices)
+            self.assertEqual([f for _, f in seen], [frees] * len(seen), "before any aclrtFree")
             self.assertGreater(FAKE.fake_acl_calls(b"aclrtFree"), frees)
         finally:
             npu_alloc.set_synchronize_hook(None)
@@ -248,6 +254,52 @@ class Hook(unittest.TestCase):
                     pass
         finally:
             npu_alloc.set_synchronize_hook(None)
+
+
+    def test_a_hook_failure_in_a_call_torch_made_is_not_a_later_errors_cause(self):
+        def fail(device):
+            raise RuntimeError("queue not drained")
+
+        npu_alloc.set_synchronize_hook(fail)
+        try:
+            # torch_npu's empty_cache calls the reset hook, whose failure Python never sees.
+            npu_alloc._load().npu_alloc_reset(False)
+            with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                npu_alloc.set_per_process_memory_fraction(0.5, 99)
+            self.assertIsNone(e.exception.__cause__)
+        finally:
+            npu_alloc.set_synchronize_hook(None)
+
+
+class CurrentDevice(unittest.TestCase):
+    def test_no_device_means_torchs_current_device_once_torch_npu_is_imported(self):
+        import sys
+        import types
+
+        self.assertEqual(npu_alloc._current_device(), 0)
+        torch = types.ModuleType("torch")
+        # A device the fake does not have (it has 2): every call names it, and nothing changes.
+        torch.npu = types.SimpleNamespace(current_device=lambda: 7)
+        saved = {name: sys.modules.get(name) for name in ("torch", "torch_npu")}
+        sys.modules["torch"] = torch
+        try:
+            # torch alone (torch_npu not imported) has no NPU device.
+            self.assertEqual(npu_alloc._current_device(), 0)
+            sys.modules["torch_npu"] = types.ModuleType("torch_npu")
+            self.assertEqual(npu_alloc._current_device(), 7)
+            for call in (lambda: npu_alloc.malloc(1000), npu_alloc.memory_stats,
+                         npu_alloc.mem_get_info, npu_alloc.MemPool,
+                         lambda: npu_alloc.set_per_process_memory_fraction(0.5)):
+                with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                    call()
+                self.assertIn("device argument 7", str(e.exception))
+                self.assertEqual(e.exception.status, -1)  # InvalidArgument
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
 
 
 @needs_fake

@@ -41,14 +41,18 @@ thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-/// Records `message` as this thread's last error.
+/// Records `message` as this thread's last error. A thread that is exiting may call in from a
+/// thread-local destructor after this one was destroyed: the message is then dropped (a panic
+/// there would abort the process).
 pub(crate) fn set_last_error(message: impl Display) {
-    LAST_ERROR.with(|e| *e.borrow_mut() = message.to_string());
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = message.to_string());
 }
 
-/// This thread's last error ("" when none).
+/// This thread's last error ("" when none, or when the thread is exiting and it is gone).
 pub(crate) fn last_error() -> String {
-    LAST_ERROR.with(|e| e.borrow().clone())
+    LAST_ERROR
+        .try_with(|e| e.borrow().clone())
+        .unwrap_or_default()
 }
 
 /// A failure of an export: its status and message.

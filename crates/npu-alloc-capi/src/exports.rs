@@ -6,26 +6,46 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use alloc_core::PoolId;
-use npu_runtime::{AclError, NpuAllocator, RuntimeError, Stream};
+use npu_runtime::{AclError, NpuAllocator, RuntimeError, Stream, keeping_current_device};
 
 use crate::error::{Fail, NpuAllocStatus, last_error, or, status};
 use crate::hook::synchronize_before_release;
 
+/// The process-wide runtime, or why it could not be made.
+static RUNTIME: OnceLock<Result<NpuAllocator, String>> = OnceLock::new();
+
 /// The process-wide runtime, made on first use; why not, if it could not be.
 pub(crate) fn runtime() -> Result<&'static NpuAllocator, Fail> {
-    static RUNTIME: OnceLock<Result<NpuAllocator, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
             let rt = NpuAllocator::from_env().map_err(|e| {
-                format!("cannot start npu-alloc: {e} (set NPU_ALLOC_ACL_LIB to libascendcl.so)")
+                let message = format!(
+                    "cannot start npu-alloc: {e} (set NPU_ALLOC_ACL_LIB to libascendcl.so)"
+                );
+                // Said once here as well: under torch_npu a failed malloc shows only as
+                // "Get data_ptr failed", and every later call fails with this same error.
+                warn(format_args!("{message}"));
+                message
             })?;
             // Until a synchronize hook is set, a malloc never gives cached memory back: work
             // torch_npu queued on the host may still use it (docs/c-abi.md).
-            crate::hook::apply(&rt);
+            crate::hook::apply_at_start(&rt);
             Ok(rt)
         })
         .as_ref()
         .map_err(|e| Fail::new(NpuAllocStatus::NotInitialized, e))
+}
+
+/// The runtime once [`runtime`] has made it, waiting for a start under way; never starts it.
+pub(crate) fn started_runtime() -> Option<&'static NpuAllocator> {
+    RUNTIME.wait().as_ref().ok()
+}
+
+/// [`status`] for a call that may act on a device other than the caller's thread's (every
+/// device, or the one it names, which it may open): the thread's ACL device is bound again
+/// afterwards, as torch_npu expects ([`keeping_current_device`]).
+pub(crate) fn status_keeping_device(f: impl FnOnce() -> Result<(), Fail>) -> NpuAllocStatus {
+    status(|| keeping_current_device(f))
 }
 
 fn device(device: c_int) -> Result<u32, Fail> {
@@ -288,11 +308,13 @@ unsafe fn stream_use(
     })
 }
 
-/// torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`.
+/// torch_npu's `reset_peak_status_fn(device)`: `reset_peak_memory_stats`. The device is an
+/// `int8_t`, torch's `DeviceIndex`, as torch_npu calls the hook: read as an `int`, the bits
+/// above the first byte would be whatever the caller's register held.
 #[unsafe(no_mangle)]
-pub extern "C" fn npu_alloc_reset_peak_stats(device: c_int) {
+pub extern "C" fn npu_alloc_reset_peak_stats(device: i8) {
     or((), || {
-        Ok(runtime()?.reset_peak_memory_stats(self::device(device)?)?)
+        Ok(runtime()?.reset_peak_memory_stats(self::device(c_int::from(device))?)?)
     });
 }
 
@@ -300,9 +322,9 @@ pub extern "C" fn npu_alloc_reset_peak_stats(device: c_int) {
 /// every device goes back.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_empty_cache() -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         let rt = runtime()?;
-        synchronize_before_release(-1)?;
+        synchronize_before_release(rt, None)?;
         Ok(rt.empty_cache()?)
     })
 }
@@ -392,7 +414,7 @@ pub unsafe extern "C" fn npu_alloc_mem_get_info(
     free: *mut usize,
     total: *mut usize,
 ) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         if free.is_null() || total.is_null() {
             return Err(Fail::invalid("mem_get_info: null pointer"));
         }
@@ -413,7 +435,9 @@ pub extern "C" fn npu_alloc_set_per_process_memory_fraction(
     fraction: f64,
     device: c_int,
 ) -> NpuAllocStatus {
-    status(|| Ok(runtime()?.set_per_process_memory_fraction(fraction, self::device(device)?)?))
+    status_keeping_device(|| {
+        Ok(runtime()?.set_per_process_memory_fraction(fraction, self::device(device)?)?)
+    })
 }
 
 /// `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
@@ -426,7 +450,7 @@ pub extern "C" fn npu_alloc_set_per_process_memory_fraction(
 pub unsafe extern "C" fn npu_alloc_set_allocator_settings(
     settings: *const c_char,
 ) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         // SAFETY: forwarded from the caller's contract.
         let s = unsafe { text(settings, "settings") }?;
         for w in runtime()?.set_allocator_settings(s) {
@@ -475,7 +499,7 @@ pub unsafe extern "C" fn npu_alloc_dump_snapshot(path: *const c_char) -> NpuAllo
 /// `id` is a writable `uint64_t`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_mem_pool_create(device: c_int, id: *mut u64) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         if id.is_null() {
             return Err(Fail::invalid("mem_pool_create: null id"));
         }
@@ -489,7 +513,7 @@ pub unsafe extern "C" fn npu_alloc_mem_pool_create(device: c_int, id: *mut u64) 
 /// `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_mem_pool_begin(device: c_int, id: u64) -> NpuAllocStatus {
-    status(|| Ok(runtime()?.begin_use_pool(self::device(device)?, PoolId(0, id))?))
+    status_keeping_device(|| Ok(runtime()?.begin_use_pool(self::device(device)?, PoolId(0, id))?))
 }
 
 /// `use_mem_pool(pool).__exit__()`.
@@ -502,9 +526,9 @@ pub extern "C" fn npu_alloc_mem_pool_end(device: c_int, id: u64) -> NpuAllocStat
 /// (after the synchronize hook).
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_mem_pool_release(device: c_int, id: u64) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         let (rt, d) = (runtime()?, self::device(device)?);
-        synchronize_before_release(device)?;
+        synchronize_before_release(rt, Some(d))?;
         Ok(rt.release_pool(d, PoolId(0, id))?)
     })
 }
@@ -519,7 +543,7 @@ pub unsafe extern "C" fn npu_alloc_region_begin(
     tag: *const c_char,
     cpu_backup: bool,
 ) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         // SAFETY: forwarded from the caller's contract.
         let tag = unsafe { text(tag, "tag") }?;
         runtime()?.begin_region(self::device(device)?, tag, cpu_backup)?;
@@ -540,7 +564,7 @@ pub extern "C" fn npu_alloc_region_end(device: c_int) -> NpuAllocStatus {
 /// `tag` is null or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_pause(tag: *const c_char) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         let tag = if tag.is_null() {
             None
         } else {
@@ -548,7 +572,7 @@ pub unsafe extern "C" fn npu_alloc_pause(tag: *const c_char) -> NpuAllocStatus {
             Some(unsafe { text(tag, "tag") }?)
         };
         let rt = runtime()?;
-        synchronize_before_release(-1)?;
+        synchronize_before_release(rt, None)?;
         rt.pause(tag)?;
         Ok(())
     })
@@ -560,7 +584,7 @@ pub unsafe extern "C" fn npu_alloc_pause(tag: *const c_char) -> NpuAllocStatus {
 /// `tag` is null or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_resume(tag: *const c_char) -> NpuAllocStatus {
-    status(|| {
+    status_keeping_device(|| {
         let tag = if tag.is_null() {
             None
         } else {

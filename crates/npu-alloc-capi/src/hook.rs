@@ -4,34 +4,54 @@
 //! [`npu_alloc_acl_synchronize`]. The hook is called with no npu-alloc lock held.
 
 use std::ffi::c_int;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::error::{Fail, NpuAllocStatus, status};
-use crate::exports::runtime;
+use crate::exports::{runtime, started_runtime};
 
-/// A device-synchronize hook: drains queued host work for `device` (-1: every device) and
-/// synchronizes it; returns 0 on success.
+/// A device-synchronize hook: drains queued host work for `device` and synchronizes it; returns
+/// 0 on success. Before a call over every device, it is called once for each device the
+/// library has opened.
 pub type NpuAllocSyncHook = extern "C" fn(device: c_int) -> c_int;
 
 /// The hook as an address (0: none); a function pointer fits in a `usize`.
 static HOOK: AtomicUsize = AtomicUsize::new(0);
 
+/// Whether the runtime has started (and was given the hook), under the lock that orders a
+/// start against [`npu_alloc_set_synchronize_hook`]: whichever comes second gives the runtime
+/// the hook in force.
+static STARTED: Mutex<bool> = Mutex::new(false);
+
 /// Sets the device-synchronize hook (NULL: none). Called, with no npu-alloc lock held, before
 /// `npu_alloc_empty_cache`, `npu_alloc_reset`, `npu_alloc_pause` and `npu_alloc_mem_pool_release`
-/// give memory back, and before a malloc's out-of-memory retry releases cached memory. Without
-/// a hook, a malloc never releases cached memory (it runs out of memory instead, with a
-/// warning once).
+/// give memory back (the first three call it once for each device the library has opened),
+/// and before a malloc's out-of-memory retry releases cached memory (for the malloc's device).
+/// Without a hook, a malloc never releases cached memory (it runs out of memory instead, with
+/// a warning once).
+///
+/// Setting it does not start the library: torch_npu's own `aclInit` (with its configuration
+/// file) must come first, and `install()` sets the hook before torch_npu initializes.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_synchronize_hook(hook: Option<extern "C" fn(c_int) -> c_int>) {
-    HOOK.store(hook.map_or(0, |h| h as usize), Ordering::Release);
-    // A library that cannot start has no runtime to give it to (`runtime` applies the hook
-    // when it starts); a panic stays on this side.
+    // A panic (a poisoned lock) stays on this side.
     crate::error::or((), || {
-        if let Ok(rt) = runtime() {
+        let started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+        HOOK.store(hook.map_or(0, |h| h as usize), Ordering::Release);
+        // A runtime that has started (its start finishing, at worst) gets the hook now; one
+        // that has not reads it when it starts.
+        if *started && let Some(rt) = started_runtime() {
             apply(rt);
         }
         Ok(())
     });
+}
+
+/// Gives a runtime that is starting the hook in force, and marks the start.
+pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
+    let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+    apply(rt);
+    *started = true;
 }
 
 /// Gives the runtime the hook for the OOM path: with one, a malloc stops before releasing
@@ -57,36 +77,56 @@ pub(crate) fn hook() -> Option<NpuAllocSyncHook> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, NpuAllocSyncHook>(addr) })
 }
 
-/// Calls the hook for `device` (-1: all), if one is set; a non-zero answer is a device error.
-pub(crate) fn synchronize_before_release(device: c_int) -> Result<(), Fail> {
-    match hook() {
-        Some(h) => match h(device) {
-            0 => Ok(()),
-            code => Err(Fail::new(
-                NpuAllocStatus::DeviceError,
-                format!("the synchronize hook failed with {code}; nothing was given back"),
-            )),
-        },
-        None => Ok(()),
+/// Calls the hook, if one is set, for `device` or (`None`) for each device `rt` has opened; a
+/// non-zero answer is a device error.
+pub(crate) fn synchronize_before_release(
+    rt: &npu_runtime::NpuAllocator,
+    device: Option<u32>,
+) -> Result<(), Fail> {
+    let Some(h) = hook() else {
+        return Ok(());
+    };
+    let devices: Vec<u32> = match device {
+        Some(d) => vec![d],
+        None => rt.opened_devices().collect(),
+    };
+    for d in devices {
+        match h(c_int::try_from(d).unwrap_or(c_int::MAX)) {
+            0 => {}
+            code => {
+                return Err(Fail::new(
+                    NpuAllocStatus::DeviceError,
+                    format!(
+                        "the synchronize hook failed with {code} for device {d}; nothing was \
+                         given back"
+                    ),
+                ));
+            }
+        }
     }
+    Ok(())
 }
 
 /// A synchronize hook for programs without a host task queue: `aclrtSynchronizeDevice` on
-/// `device` (-1: every device). Returns an [`NpuAllocStatus`] as an int.
+/// `device` (-1: every device the library has opened), then the calling thread's device is
+/// current again. Returns an [`NpuAllocStatus`] as an int.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_acl_synchronize(device: c_int) -> c_int {
     status(|| {
         let rt = runtime()?;
-        let devices = if device < 0 {
-            0..rt.device_count()
+        // Every device the library has opened: one it never used holds none of its memory,
+        // and opening it would make an ACL context there.
+        let devices: Vec<u32> = if device < 0 {
+            rt.opened_devices().collect()
         } else {
-            let d = u32::try_from(device).map_err(|_| Fail::invalid("negative device"))?;
-            d..d + 1
+            vec![u32::try_from(device).map_err(|_| Fail::invalid("negative device"))?]
         };
-        for d in devices {
-            rt.with_device(d, alloc_core::Device::synchronize)?
-                .map_err(|e| Fail::new(NpuAllocStatus::DeviceError, e))?;
-        }
-        Ok(())
+        npu_runtime::keeping_current_device(|| {
+            for d in devices {
+                rt.with_device(d, alloc_core::Device::synchronize)?
+                    .map_err(|e| Fail::new(NpuAllocStatus::DeviceError, e))?;
+            }
+            Ok(())
+        })
     }) as c_int
 }

@@ -21,7 +21,7 @@ fn a_c_program_calls_every_export() {
         .arg(root.join("include"))
         .arg("-L")
         .arg(lib.parent().unwrap())
-        .args(["-lnpu_alloc", "-lm", "-o"])
+        .args(["-lnpu_alloc", "-lm", "-ldl", "-pthread", "-o"])
         .arg(&exe)
         .output()
         .expect("cc runs (it is required on CI)");

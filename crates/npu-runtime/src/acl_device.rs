@@ -33,7 +33,7 @@
 //!   `aclrtMallocHost` ([`AclError::is_out_of_memory`]) is [`VmmError::OutOfMemory`], anything
 //!   else [`VmmError::Other`]; a buffer whose free fails goes back to the caller.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::path::Path;
 
 use acl_sys::{
@@ -52,6 +52,74 @@ use crate::warn_once::warn_once;
 thread_local! {
     /// The (platform id, device) this thread last bound with `aclrtSetDevice`.
     static BOUND: Cell<Option<(u64, u32)>> = const { Cell::new(None) };
+    /// Inside [`keeping_current_device`]: what to bind again when it ends.
+    static KEEP: RefCell<Keep> = const { RefCell::new(Keep::Off) };
+}
+
+/// The state of [`keeping_current_device`] on a thread.
+enum Keep {
+    /// Not inside it.
+    Off,
+    /// Inside it, and nothing bound yet.
+    Watching,
+    /// Inside it, after the first bind: the library, its platform id, and the device the thread
+    /// had before (`None`: none, or ACL could not say).
+    Saved(Arc<Lib>, u64, Option<i32>),
+}
+
+/// Runs `f`, then makes the calling thread's current ACL device again the one it had before, if
+/// `f` bound another one (torch_npu's `emptyCache` does the same around its loop over devices).
+///
+/// For calls that act on devices other than the caller's: `empty_cache` and the memory saver's
+/// `pause` and `resume` over every device, or any call naming another device. torch_npu caches
+/// its thread's device and never asks ACL again, so a binding moved behind its back would stay
+/// moved, and its next kernel would go to the wrong device. Inside `f` the runtime does not
+/// trust its own cache of the binding either (the host program may have changed it since):
+/// each device is bound with `aclrtSetDevice` at its first call, and the device before is read
+/// once with `aclrtGetDevice`. Nested calls act as one.
+pub fn keeping_current_device<R>(f: impl FnOnce() -> R) -> R {
+    // On a thread that is exiting, after its thread-locals were destroyed, there is nothing
+    // to keep: `f` runs as it is.
+    let outer = KEEP
+        .try_with(|k| {
+            let mut k = k.borrow_mut();
+            let outer = matches!(*k, Keep::Off);
+            if outer {
+                *k = Keep::Watching;
+                BOUND.with(|b| b.set(None));
+            }
+            outer
+        })
+        .unwrap_or(false);
+    if !outer {
+        return f();
+    }
+    /// Binds the device back when the scope ends, on a panic too.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let Ok(Keep::Saved(lib, id, Some(device))) =
+                KEEP.try_with(|k| core::mem::replace(&mut *k.borrow_mut(), Keep::Off))
+            else {
+                return;
+            };
+            let key = Some((id, device as u32));
+            if BOUND.with(Cell::get) == key {
+                return;
+            }
+            match lib.set_device(device) {
+                Ok(()) => BOUND.with(|b| b.set(key)),
+                Err(e) => {
+                    BOUND.with(|b| b.set(None));
+                    warn_once(&format!(
+                        "could not make device {device} this thread's device again: {e}"
+                    ));
+                }
+            }
+        }
+    }
+    let _restore = Restore;
+    f()
 }
 
 /// An ACL stream as the runtime takes it: the default stream, or a handle the caller got from ACL
@@ -265,6 +333,12 @@ impl AclPlatform {
         if BOUND.with(Cell::get) == key {
             return Ok(());
         }
+        let _ = KEEP.try_with(|k| {
+            let mut k = k.borrow_mut();
+            if matches!(*k, Keep::Watching) {
+                *k = Keep::Saved(self.lib.clone(), self.id, self.lib.get_device().ok());
+            }
+        });
         self.lib.set_device(index as i32)?;
         BOUND.with(|b| b.set(key));
         Ok(())

@@ -96,6 +96,11 @@ impl<D: Device> Runtime<D> {
         Ok(self.slot(device)?.entry.get().map(|(_, e)| e))
     }
 
+    /// The indexes of the devices opened so far (each on its first use).
+    pub fn opened_devices(&self) -> impl Iterator<Item = u32> + '_ {
+        (0..self.device_count()).filter(|&d| self.devices[d as usize].entry.get().is_some())
+    }
+
     /// Every opened device.
     pub(crate) fn opened_all(&self) -> impl Iterator<Item = &Entry<D>> {
         self.devices

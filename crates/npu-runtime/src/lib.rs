@@ -34,7 +34,7 @@ mod summary;
 mod sync;
 mod warn_once;
 
-pub use acl_device::{AclDevice, AclPlatform, Stream};
+pub use acl_device::{AclDevice, AclPlatform, Stream, keeping_current_device};
 pub use acl_sys::{AclError, Lib};
 pub use alloc_core::{
     AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, HostQueue, OutOfMemory, PoolError,

@@ -391,6 +391,33 @@ fn devices_are_separate_and_set_once_per_thread() {
     rt.free(b).unwrap();
 }
 
+/// torch_npu changes its thread's device behind the runtime's back and never asks ACL again.
+/// `keeping_current_device` binds what it needs without trusting the runtime's cache of the
+/// binding, and makes the host's device current again afterwards (torch_npu's `emptyCache`).
+#[test]
+fn keeping_current_device_binds_afresh_and_puts_the_host_device_back() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 2);
+    let (platform, rt) = platform_and_runtime(&fake, Config::default());
+    let a = rt.malloc(30 * MIB, 1, Stream::DEFAULT).unwrap();
+    // The host makes device 0 current; the runtime's cache still says device 1.
+    platform.lib().set_device(0).unwrap();
+    let sets = fake.calls("aclrtSetDevice");
+    let (free, total) = npu_runtime::keeping_current_device(|| rt.mem_get_info(1)).unwrap();
+    // Device 1's memory, asked with device 1 bound (its 32 MiB segment; device 0 has none).
+    assert_eq!((free, total), ((1 << 30) - 32 * MIB, 1 << 30));
+    assert_eq!(platform.lib().get_device().unwrap(), 0);
+    assert_eq!(fake.calls("aclrtSetDevice"), sets + 2);
+    // Nothing bound inside: nothing to put back.
+    npu_runtime::keeping_current_device(|| rt.memory_stats(1)).unwrap();
+    assert_eq!(fake.calls("aclrtSetDevice"), sets + 2);
+    // empty_cache binds both devices (each synchronizes), then device 0 again.
+    rt.free(a).unwrap();
+    platform.lib().set_device(1).unwrap();
+    npu_runtime::keeping_current_device(|| rt.empty_cache()).unwrap();
+    assert_eq!(fake.used(1), 0);
+    assert_eq!(platform.lib().get_device().unwrap(), 1);
+}
+
 #[test]
 fn frees_find_their_device_by_address() {
     let fake = FakeAcl::new(Variant::Full, 1 << 30, 2);

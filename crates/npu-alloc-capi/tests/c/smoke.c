@@ -1,7 +1,10 @@
 /* Calls every export of include/npu_alloc.h over the fake libascendcl (2 devices of 1 GiB,
  * set by the Rust test through FAKE_ACL_*); exits non-zero, naming the check, on the first
  * failure. */
+#include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,11 +12,34 @@
 #include "npu_alloc.h"
 
 static int hook_calls = 0;
+static unsigned hook_devices = 0; /* a bit per device the hook was called for */
 static int hook(int device) {
-  (void)device;
   hook_calls++;
+  if (device >= 0 && device < 32) hook_devices |= 1u << device;
   return npu_alloc_acl_synchronize(device);
 }
+
+/* A thread-exit destructor (run after the thread's Rust thread-locals are gone) whose calls
+   fail: each must return its status, not abort the process. */
+static pthread_key_t exit_key;
+static int exit_status = 1;
+static void at_thread_exit(void *arg) {
+  (void)arg;
+  npu_alloc_free((void *)0x5678, 8, 0, NULL);
+  exit_status = npu_alloc_free_checked((void *)0x5678) == NpuAllocStatus_UnknownPointer ? 0 : 2;
+}
+static void *exiting_thread(void *arg) {
+  (void)arg;
+  /* The thread's thread-locals exist: the last error too. */
+  void *p = npu_alloc_malloc(1000, 0, NULL);
+  npu_alloc_free(p, 1000, 0, NULL);
+  npu_alloc_free(p, 1000, 0, NULL);
+  pthread_setspecific(exit_key, (void *)1);
+  return NULL;
+}
+
+static int (*acl_set_device)(int32_t);
+static int (*acl_get_device)(int32_t *);
 
 #define CHECK(cond)                                                   \
   do {                                                                \
@@ -26,6 +52,15 @@ static int hook(int device) {
   } while (0)
 
 int main(void) {
+  /* The same libascendcl the library loads (one instance): the host program's own device calls. */
+  void *acl = dlopen(getenv("NPU_ALLOC_ACL_LIB"), RTLD_NOW);
+  if (acl == NULL) {
+    fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 1;
+  }
+  acl_set_device = (int (*)(int32_t))dlsym(acl, "aclrtSetDevice");
+  acl_get_device = (int (*)(int32_t *))dlsym(acl, "aclrtGetDevice");
+  CHECK(acl_set_device != NULL && acl_get_device != NULL);
   npu_alloc_init(2);
   CHECK(npu_alloc_malloc(0, 0, NULL) == NULL);
   void *a = npu_alloc_malloc(3 << 20, 0, NULL);
@@ -111,9 +146,10 @@ int main(void) {
   CHECK(npu_alloc_region_end(0) == NpuAllocStatus_Ok);
   npu_alloc_set_synchronize_hook(hook);
   CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Ok);
-  CHECK(hook_calls == 1);
+  /* Once for each device the library opened (b is on device 1), never with -1. */
+  CHECK(hook_calls == 2 && hook_devices == 3);
   CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Refused); /* already paused */
-  CHECK(hook_calls == 2); /* the hook runs before the pause is judged */
+  CHECK(hook_calls == 4); /* the hook runs before the pause is judged */
   CHECK(npu_alloc_resume(NULL) == NpuAllocStatus_Ok);
   npu_alloc_free(kv, 2 << 20, 0, NULL);
 
@@ -122,11 +158,25 @@ int main(void) {
   npu_alloc_free(a, 3 << 20, 0, NULL); /* double free: refused, nothing changes */
   npu_alloc_free(b, 1000, 1, NULL);
   npu_alloc_reset_peak_stats(0);
+  /* The host program (torch_npu) makes device 0 its thread's device; emptying the cache binds
+     device 1 to free its segment, then device 0 again. */
+  CHECK(acl_set_device(0) == 0);
   npu_alloc_reset(true);
-  CHECK(hook_calls == 3);
+  CHECK(hook_calls == 6);
+  int32_t current = -1;
+  CHECK(acl_get_device(&current) == 0 && current == 0);
   CHECK(npu_alloc_empty_cache() == NpuAllocStatus_Ok);
+  CHECK(acl_get_device(&current) == 0 && current == 0);
+  CHECK(acl_set_device(1) == 0);
+  CHECK(npu_alloc_acl_synchronize(-1) == 0);
+  CHECK(acl_get_device(&current) == 0 && current == 1);
   npu_alloc_set_synchronize_hook(NULL);
   CHECK(npu_alloc_acl_synchronize(-1) == 0);
+  pthread_t t;
+  CHECK(pthread_key_create(&exit_key, at_thread_exit) == 0);
+  CHECK(pthread_create(&t, NULL, exiting_thread, NULL) == 0);
+  CHECK(pthread_join(t, NULL) == 0);
+  CHECK(exit_status == 0);
   printf("ok\n");
   return 0;
 }
