@@ -61,7 +61,14 @@ int main(void) {
   acl_set_device = (int (*)(int32_t))dlsym(acl, "aclrtSetDevice");
   acl_get_device = (int (*)(int32_t *))dlsym(acl, "aclrtGetDevice");
   CHECK(acl_set_device != NULL && acl_get_device != NULL);
+  uint64_t (*acl_calls)(const char *) = (uint64_t (*)(const char *))dlsym(acl, "fake_acl_calls");
+  CHECK(acl_calls != NULL);
+  /* Setting the hook does not start the library: torch_npu's aclInit comes first. */
+  npu_alloc_set_synchronize_hook(hook);
+  npu_alloc_set_synchronize_hook(NULL);
+  CHECK(acl_calls("aclInit") == 0);
   npu_alloc_init(2);
+  CHECK(acl_calls("aclInit") == 1);
   CHECK(npu_alloc_malloc(0, 0, NULL) == NULL);
   void *a = npu_alloc_malloc(3 << 20, 0, NULL);
   CHECK(a != NULL);
