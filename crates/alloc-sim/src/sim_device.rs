@@ -42,9 +42,13 @@ pub const DEFAULT_CAPACITY: u64 = 64 << 30;
 pub struct SimStream(pub u64);
 
 impl Stream for SimStream {
+    /// The stream's handle in reports and snapshots: its number plus one. torch_npu's streams
+    /// are never the null handle, and memory_viz depends on that: when every trace entry is on
+    /// stream 0 it leaves the stream out of the entries but not of the segments, and then its
+    /// "Allocator State History" view cannot merge the mapped ranges of an expandable segment.
     #[inline]
     fn number(self) -> u64 {
-        self.0
+        self.0.wrapping_add(1)
     }
 }
 

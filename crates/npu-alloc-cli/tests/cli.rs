@@ -291,6 +291,37 @@ fn replay_writes_a_snapshot_python_reads_with_the_end_stats() {
     assert_eq!(py.trace_lengths.len(), 1);
 }
 
+/// memory_viz leaves stream 0 out of trace entries but not out of segments, and then cannot
+/// merge an expandable segment's mapped ranges: the simulated streams are written as handles
+/// that are never 0 (trace stream n as n + 1), as torch_npu's are.
+#[test]
+fn replay_snapshots_write_no_null_stream() {
+    let trace = temp_file(
+        "expandable.trace",
+        "conf expandable_segments:True\nalloc a 30M\nalloc b 30M\nalloc c 30M 2\nfree b\nempty_cache\n",
+    );
+    let out = temp_file("expandable.pickle", "");
+    let o = npu_alloc(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--snapshot",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let read = alloc_snapshot::read_file(&out).unwrap();
+    let streams: Vec<i64> = read.snapshot.device_traces[0]
+        .iter()
+        .map(|e| e.stream)
+        .collect();
+    assert!(streams.contains(&1) && streams.contains(&3), "{streams:?}");
+    assert!(!streams.contains(&0), "{streams:?}");
+    let segments: Vec<i64> = read.snapshot.segments.iter().map(|s| s.stream).collect();
+    assert!(
+        !segments.is_empty() && !segments.contains(&0),
+        "{segments:?}"
+    );
+}
+
 #[test]
 fn a_pytorch_snapshot_imports_as_the_shipped_trace_and_replays() {
     let magma = shipped("magma27_memory_snapshot.pickle");
