@@ -73,7 +73,9 @@ pub enum Target {
     /// torch_npu master: only what torch_npu accepts and treats as npu-alloc does
     /// (`garbage_collection_threshold` only with a `per_process_memory_fraction`, since
     /// torch_npu runs GC only under a fraction; no `page_size:1g` with `max_split_size_mb`,
-    /// where npu-alloc deliberately differs).
+    /// where npu-alloc deliberately differs), and without `segment_size_mb`, which torch_npu
+    /// deprecates with a warning at every parse: `large_segment_size_mb` sets the same page,
+    /// up to 512 MiB under expandable segments.
     TorchNpu,
 }
 
@@ -188,6 +190,9 @@ const GC_FINE: &[f64] = &[0.5, 0.6, 0.7, 0.8, 0.9, 0.95];
 /// The fractions torch_npu needs for GC to run at all: close to the whole device.
 const FRACTIONS: &[f64] = &[0.99, 0.95];
 const LARGE_SEGMENT_FINE: &[u64] = &[12, 16, 32, 40, 64, 128];
+/// For torch_npu under expandable segments, `large_segment_size_mb` also takes the pages
+/// `segment_size_mb` would have (torch_npu deprecates that key).
+const LARGE_SEGMENT_FINE_PAGES: &[u64] = &[12, 16, 32, 40, 64, 128, 256, 512];
 const SEGMENT_COARSE: &[u64] = &[64];
 const SEGMENT_FINE: &[u64] = &[32, 64, 128, 256, 512];
 const BASE_ALIGNED_FINE: &[u64] = &[0, 4, 8];
@@ -219,7 +224,8 @@ pub(crate) fn neighbours(
     let applies = match key {
         Key::MaxSplitSize | Key::GarbageCollectionThreshold => !c.expandable,
         Key::MaxNonSplitRounding => c.max_split_mb.is_some(),
-        Key::SegmentSize | Key::BaseAddrAligned => c.expandable,
+        Key::SegmentSize => c.expandable && target == Target::NpuAlloc,
+        Key::BaseAddrAligned => c.expandable,
         _ => true,
     };
     if !applies {
@@ -275,9 +281,14 @@ pub(crate) fn neighbours(
             }
             out
         }
-        Key::LargeSegmentSize => with(c, if coarse { &[] } else { LARGE_SEGMENT_FINE }, |n, v| {
-            n.large_segment_mb = v
-        }),
+        Key::LargeSegmentSize => {
+            let values = match (coarse, target) {
+                (true, _) => &[][..],
+                (false, Target::TorchNpu) if c.expandable => LARGE_SEGMENT_FINE_PAGES,
+                (false, _) => LARGE_SEGMENT_FINE,
+            };
+            with(c, values, |n, v| n.large_segment_mb = v)
+        }
         Key::SegmentSize => with(
             c,
             if coarse { SEGMENT_COARSE } else { SEGMENT_FINE },
@@ -291,6 +302,29 @@ pub(crate) fn neighbours(
             .map(|p| Candidate { page_1g: p, ..*c })
             .collect(),
     }
+}
+
+/// The keys of `keys` that this search leaves at their default whatever the workload, and
+/// why: each needs another key that is not among `keys`, or the target does not take it.
+pub fn inert_keys(keys: &[Key], target: Target) -> Vec<(Key, &'static str)> {
+    let has = |k: Key| keys.contains(&k);
+    keys.iter()
+        .filter_map(|&k| {
+            let why = match k {
+                Key::SegmentSize if target == Target::TorchNpu => {
+                    "torch_npu deprecates it (large_segment_size_mb sets the same page)"
+                }
+                Key::SegmentSize | Key::BaseAddrAligned if !has(Key::ExpandableSegments) => {
+                    "it acts only with expandable_segments"
+                }
+                Key::MaxNonSplitRounding if !has(Key::MaxSplitSize) => {
+                    "it acts only with max_split_size_mb"
+                }
+                _ => return None,
+            };
+            Some((k, why))
+        })
+        .collect()
 }
 
 /// Whether `c` sets only `keys` (the default of every other key).

@@ -151,6 +151,84 @@ fn for_torch_npu_gc_comes_with_a_fraction_and_page_size_never_with_a_split_cap()
     assert!(with_gc > 0, "GC was searched, with its fraction");
 }
 
+/// torch_npu warns that `segment_size_mb` is deprecated at every parse: for it, the page of
+/// expandable segments comes from `large_segment_size_mb`, up to 512 MiB.
+#[test]
+fn for_torch_npu_the_expandable_page_is_large_segment_size_never_segment_size() {
+    // Eight 63 MiB tensors: one 512 MiB page holds them all (8 × 64 MiB), where 20 MiB pages
+    // take eight maps.
+    let text: String = core::iter::once("capacity 8G\n".to_owned())
+        .chain((0..8).map(|i| format!("alloc a{i} 63M\n")))
+        .collect();
+    let trace = alloc_trace::parse_str("pages.trace", &text).unwrap();
+    let keys = vec![
+        Key::ExpandableSegments,
+        Key::LargeSegmentSize,
+        Key::SegmentSize,
+    ];
+    let search = |target| {
+        run(
+            &trace,
+            Options {
+                keys: keys.clone(),
+                target,
+                ..options()
+            },
+            2,
+        )
+    };
+    let o = search(Target::TorchNpu);
+    assert!(
+        o.ranked
+            .iter()
+            .all(|e| !e.conf.contains(",segment_size_mb:")
+                && !e.conf.starts_with("segment_size_mb:"))
+    );
+    assert_eq!(
+        o.best().conf,
+        "large_segment_size_mb:512,expandable_segments:True"
+    );
+    assert_eq!(
+        (o.best().peak_reserved, o.best().device_mallocs),
+        (512 * MIB, 1)
+    );
+    // npu-alloc takes either key; the shorter string wins the tie.
+    let o = search(Target::NpuAlloc);
+    assert_eq!(
+        o.best().conf,
+        "expandable_segments:True,segment_size_mb:512"
+    );
+    assert_eq!(
+        alloc_tune::inert_keys(&keys, Target::TorchNpu),
+        [(
+            Key::SegmentSize,
+            "torch_npu deprecates it (large_segment_size_mb sets the same page)"
+        )]
+    );
+    assert_eq!(
+        alloc_tune::inert_keys(
+            &[
+                Key::SegmentSize,
+                Key::BaseAddrAligned,
+                Key::MaxNonSplitRounding
+            ],
+            Target::NpuAlloc
+        ),
+        [
+            (Key::SegmentSize, "it acts only with expandable_segments"),
+            (
+                Key::BaseAddrAligned,
+                "it acts only with expandable_segments"
+            ),
+            (
+                Key::MaxNonSplitRounding,
+                "it acts only with max_split_size_mb"
+            ),
+        ]
+    );
+    assert!(alloc_tune::inert_keys(&Key::ALL, Target::NpuAlloc).is_empty());
+}
+
 #[test]
 fn only_the_keys_asked_for_are_searched() {
     let o = run(

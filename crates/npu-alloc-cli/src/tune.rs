@@ -28,8 +28,9 @@ pub(crate) struct Args {
     /// The keys to search, comma-separated (default: all of them).
     #[arg(long, value_delimiter = ',', value_parser = parse_key)]
     keys: Option<Vec<Key>>,
-    /// The most configurations to replay (the search is bounded by this, never by time).
-    #[arg(long, default_value_t = DEFAULT_EVALS)]
+    /// The most configurations to replay, the defaults included (the search is bounded by this,
+    /// never by time); at least 1.
+    #[arg(long, default_value_t = DEFAULT_EVALS, value_parser = parse_evals)]
     evals: usize,
     /// Whose allocator to recommend for: npu-alloc, or torch_npu (only what it treats alike).
     #[arg(long, default_value = "npu-alloc", value_parser = parse_target)]
@@ -37,9 +38,9 @@ pub(crate) struct Args {
     /// Stop after this many seconds; the answer then depends on the machine's speed.
     #[arg(long)]
     max_seconds: Option<f64>,
-    /// Worker threads (default: one per core); the answer is the same for any number.
-    #[arg(long)]
-    threads: Option<usize>,
+    /// Worker threads, 1 to 1024 (default: one per core); the answer is the same for any number.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
+    threads: Option<u16>,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -53,6 +54,18 @@ fn parse_key(s: &str) -> Result<Key, String> {
         let names: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
         format!("`{s}` is not a key tune searches: {}", names.join(", "))
     })
+}
+
+/// The most worker threads `--threads` takes: far beyond any host's cores, and few enough that
+/// starting them takes no time.
+const MAX_THREADS: u16 = 1024;
+
+fn parse_evals(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("at least 1 (the defaults are always replayed)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {
@@ -73,6 +86,11 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let Some(trace) = crate::import::load_trace(&args.input) else {
         return ExitCode::FAILURE;
     };
+    if let Some(keys) = &args.keys {
+        for (key, why) in alloc_tune::inert_keys(keys, args.target) {
+            eprintln!("note: {} keeps its default: {why}", key.name());
+        }
+    }
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(args.evals as u64);
         bar.set_style(
@@ -92,14 +110,14 @@ pub(crate) fn run(args: Args) -> ExitCode {
         capacity: args.capacity,
         pad: args.pad,
         keys: args.keys.clone().unwrap_or_else(|| Key::ALL.to_vec()),
-        evals: args.evals.max(1),
+        evals: args.evals,
         target: args.target,
         max_seconds: args.max_seconds,
         progress: Some(&progress),
     };
     let start = std::time::Instant::now();
     let pool = match rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads.unwrap_or(0))
+        .num_threads(args.threads.map_or(0, usize::from))
         .build()
     {
         Ok(pool) => pool,
@@ -194,7 +212,15 @@ fn print_table(args: &Args, o: &Outcome, seconds: f64, threads: usize) {
         say!("the defaults are best; nothing to set:");
         say!("unset PYTORCH_NPU_ALLOC_CONF");
     } else {
-        if o.default.fits() {
+        if o.default.fits() && best.peak_reserved == o.default.peak_reserved {
+            // Ranked above the defaults by its device calls alone.
+            say!(
+                "peak reserved {}, as with the defaults, with {} device mallocs and frees instead of {}",
+                FormatSize(best.peak_reserved),
+                best.device_mallocs + best.device_frees,
+                o.default.device_mallocs + o.default.device_frees
+            );
+        } else if o.default.fits() {
             say!(
                 "peak reserved {} instead of {} ({:.1}% less)",
                 FormatSize(best.peak_reserved),
@@ -231,7 +257,10 @@ fn to_json(o: &Outcome, seconds: f64, threads: usize) -> serde_json::Value {
         "default": eval_json(&o.default),
         "best": eval_json(best),
         "top": o.ranked.iter().take(5).map(eval_json).collect::<Vec<_>>(),
-        "export": best.fits().then(|| format!("PYTORCH_NPU_ALLOC_CONF={}", best.conf)),
+        // Null when nothing fits, and when the defaults are best: the variable is then unset,
+        // not set empty (torch_npu counts an empty variable as set).
+        "export": (best.fits() && !best.conf.is_empty())
+            .then(|| format!("PYTORCH_NPU_ALLOC_CONF={}", best.conf)),
     })
 }
 

@@ -427,13 +427,48 @@ fn tune_prints_a_recommendation_that_replays_to_its_numbers_and_parses_strictly(
         format!("PYTORCH_NPU_ALLOC_CONF={conf}").as_str()
     );
     assert_eq!(v["evals"], 500);
-    // A key tune does not search is a malformed command line.
-    assert_eq!(
-        npu_alloc(&["tune", &fragment, "--keys", "bogus"])
-            .status
-            .code(),
-        Some(2)
+    // A key tune does not search is a malformed command line, and so are no evaluations and
+    // more threads than `--threads` takes.
+    for args in [
+        ["--keys", "bogus"],
+        ["--evals", "0"],
+        ["--threads", "0"],
+        ["--threads", "5000"],
+    ] {
+        let o = npu_alloc(&["tune", &fragment, args[0], args[1]]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    // A key that cannot act without another one is said so.
+    let o = npu_alloc(&[
+        "tune",
+        &fragment,
+        "--keys",
+        "segment_size_mb",
+        "--evals",
+        "5",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "note: segment_size_mb keeps its default: it acts only with expandable_segments"
+        ),
+        "{}",
+        stderr(&o)
     );
+    // When the defaults are best, the JSON names no assignment: the variable stays unset (an
+    // empty one counts as set for torch_npu).
+    let o = npu_alloc(&[
+        "tune",
+        &fragment,
+        "--keys",
+        "page_size",
+        "--evals",
+        "5",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["best"]["conf"], "");
+    assert!(v["export"].is_null(), "{v}");
 }
 
 #[test]
