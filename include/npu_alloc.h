@@ -322,6 +322,17 @@ enum NpuAllocStatus npu_alloc_resume(const char *tag);
 void npu_alloc_set_synchronize_hook(int (*hook)(int));
 
 /**
+ * Sets the drain hook (NULL: none): drains the host's queued work for a device without
+ * waiting for the device. With a synchronize hook set, the free of an allocation used on
+ * other streams (`npu_alloc_record_stream_handle`) calls it, with no npu-alloc lock held,
+ * before it records the events the block waits for: work still in the host's queue would
+ * otherwise reach those streams after the events, which would complete while it still reads
+ * the block. Without a drain hook the synchronize hook serves, waiting for the device too.
+ * Setting it does not start the library.
+ */
+void npu_alloc_set_drain_hook(int (*hook)(int));
+
+/**
  * A synchronize hook for programs without a host task queue: `aclrtSynchronizeDevice` on
  * `device` (-1: every device the library has opened), then the calling thread's device is
  * current again. Returns an [`NpuAllocStatus`] as an int.

@@ -1,10 +1,12 @@
 //! The `.trace` parser on arbitrary bytes: it never panics, errors render as `file:line:`, and a
 //! trace it accepts replays on the simulated device without a panic, and stops, if at all, only
-//! at an operation that names an id in the wrong state (the executor checks liveness: an `alloc`
-//! may fail, a `free` may hit an injected fault).
+//! at an operation the script itself makes impossible: an id in the wrong state (the executor
+//! checks liveness: an `alloc` may fail, a `free` may hit an injected fault), a pool or region
+//! line without its scope, or a `pause` / `resume` of a tag in the wrong state (docs/trace-format.md).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use alloc_core::SaverError;
 use alloc_trace::{ExecError, Setup, parse_bytes, replay};
 
 fuzz_target!(|data: &[u8]| {
@@ -19,7 +21,16 @@ fuzz_target!(|data: &[u8]| {
             setup.capacity = setup.capacity.min(1 << 40);
             if let Err(f) = replay(&trace, &setup) {
                 assert!(
-                    matches!(f.error, ExecError::Id(_)),
+                    matches!(
+                        f.error,
+                        ExecError::Id(_)
+                            | ExecError::Scope(_)
+                            | ExecError::Saver(
+                                SaverError::UnknownTag(_)
+                                    | SaverError::AlreadyPaused(_)
+                                    | SaverError::NotPaused(_)
+                            )
+                    ),
                     "an accepted trace failed to replay: {f}"
                 );
                 assert!(f.to_string().starts_with("fuzz.trace:"), "{f}");

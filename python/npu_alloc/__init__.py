@@ -20,6 +20,7 @@ import ctypes
 import json
 import operator
 import os
+import re
 import sys
 import threading
 
@@ -28,7 +29,7 @@ __all__ = [
     "empty_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
     "record_memory_history", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
     "use_mem_pool",
-    "region", "pause", "resume", "set_synchronize_hook", "install",
+    "region", "pause", "resume", "set_synchronize_hook", "set_drain_hook", "install",
 ]
 
 # Status codes of include/npu_alloc.h (NpuAllocStatus).
@@ -103,6 +104,7 @@ def _load():
             "npu_alloc_resume": ([c_char], c_int),
             "npu_alloc_last_error": ([ctypes.c_char_p, c_size], c_size),
             "npu_alloc_set_synchronize_hook": ([_SYNC_HOOK], None),
+            "npu_alloc_set_drain_hook": ([_SYNC_HOOK], None),
             "npu_alloc_acl_synchronize": ([c_int], c_int),
         }
         for name, (args, res) in sig.items():
@@ -328,11 +330,23 @@ def resume(tag=None):
 def set_synchronize_hook(hook):
     """Calls ``hook(device)`` before memory of ``device`` goes back to it (for a call over every
     device, once for each device npu-alloc has opened); it must drain queued work for that
-    device and synchronize it. None removes it. An exception in the hook counts
-    as a failure: nothing is given back, and the NpuAllocError of the call that ran the hook has
-    the hook's exception as its ``__cause__``."""
+    device and synchronize it. None removes it. An exception in the hook counts as a failure:
+    nothing is given back, and the NpuAllocError of the call that ran the hook has the hook's
+    exception as its ``__cause__``."""
+    _set_hook(_load().npu_alloc_set_synchronize_hook, hook)
+
+
+def set_drain_hook(hook):
+    """Calls ``hook(device)`` before the free of an allocation used on other streams
+    (``record_stream``) records the events it waits for; it must drain the host's queued work
+    for ``device`` without waiting for the device. Without one, the synchronize hook serves.
+    None removes it."""
+    _set_hook(_load().npu_alloc_set_drain_hook, hook)
+
+
+def _set_hook(setter, hook):
     if hook is None:
-        _load().npu_alloc_set_synchronize_hook(_SYNC_HOOK())
+        setter(_SYNC_HOOK())
         return
 
     def call(device):
@@ -345,7 +359,14 @@ def set_synchronize_hook(hook):
 
     cb = _SYNC_HOOK(call)
     _keep_alive.append(cb)
-    _load().npu_alloc_set_synchronize_hook(cb)
+    setter(cb)
+
+
+def _per_stream_queue():
+    """Whether torch_npu runs a task queue per stream: ``PER_STREAM_QUEUE`` read as its C
+    ``strtol`` reads it (leading blanks, a sign and digits; anything else is 0)."""
+    m = re.match(r"\s*([+-]?\d+)", os.environ.get("PER_STREAM_QUEUE", ""))
+    return m is not None and int(m.group(1)) != 0
 
 
 def install():
@@ -367,6 +388,12 @@ def install():
                            ("set_reset_peak_status_fn", "npu_alloc_reset_peak_stats")):
         getattr(inner, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
     set_synchronize_hook(lambda device: torch.npu.synchronize(device))
+    # Frees of blocks used on other streams record their events behind the work torch_npu has
+    # queued on the host: reading the device's current stream empties its queue
+    # (`NPUStream::stream()`), without waiting for the device. With PER_STREAM_QUEUE each
+    # stream has a queue of its own, and only the synchronize hook drains them all.
+    if not _per_stream_queue():
+        set_drain_hook(lambda device: torch_npu._C._npu_getCurrentRawStream(device))
     torch_npu.npu.memory.change_current_allocator(alloc)
     _keep_alive.append(alloc)
     return alloc

@@ -205,6 +205,31 @@ class Streams(unittest.TestCase):
         npu_alloc.empty_cache()
         self.assertEqual(FAKE.aclrtDestroyStream(stream), 0)
 
+    def test_with_a_synchronize_hook_a_free_drains_before_it_records_events(self):
+        recorded = lambda: FAKE.fake_acl_calls(b"aclrtRecordEvent")
+        seen = []
+        p = npu_alloc.malloc(4096)
+        stream = ctypes.c_void_p()
+        self.assertEqual(FAKE.aclrtCreateStream(ctypes.byref(stream)), 0)
+        npu_alloc.set_synchronize_hook(lambda device: seen.append(("synchronize", recorded())))
+        npu_alloc.set_drain_hook(lambda device: seen.append(("drain", device, recorded())))
+        try:
+            before = recorded()
+            npu_alloc.record_stream(p, stream.value)
+            npu_alloc.free(p)
+            # Drained once, before the event of the free was recorded.
+            self.assertEqual(seen, [("drain", 0, before)])
+            self.assertEqual(recorded(), before + 1)
+            # A plain free drains nothing.
+            npu_alloc.free(npu_alloc.malloc(4096))
+            self.assertEqual(len(seen), 1)
+        finally:
+            npu_alloc.set_drain_hook(None)
+            npu_alloc.set_synchronize_hook(None)
+        FAKE.fake_acl_complete_all_events()
+        npu_alloc.empty_cache()
+        self.assertEqual(FAKE.aclrtDestroyStream(stream), 0)
+
 
 @needs_fake
 class Hook(unittest.TestCase):

@@ -216,6 +216,8 @@ pub struct Allocator<D: Device> {
     pub(crate) history: Option<alloc::boxed::Box<History<D::Stream>>>,
     /// What a malloc does before it releases cached memory ([`HostQueue`]).
     pub(crate) host_queue: crate::oom_retry::HostQueue,
+    /// Inside [`Allocator::free_after_drain`]: the host's queue was just drained.
+    pub(crate) queue_drained: bool,
     notices: Notices,
 }
 
@@ -257,6 +259,7 @@ impl<D: Device> Allocator<D> {
             saver: Saver::default(),
             history: None,
             host_queue: crate::oom_retry::HostQueue::None,
+            queue_drained: false,
             notices: Notices::new(),
         };
         allocator.cache_conf();

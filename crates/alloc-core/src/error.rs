@@ -151,6 +151,14 @@ pub enum FreeError<E> {
     },
     /// Recording the stream events failed and so did the device synchronization fallback.
     Device(E),
+    /// With [`HostQueue::SyncFirst`](crate::HostQueue::SyncFirst): the allocation was used on
+    /// other streams, and the host's queued work must reach the device before the events of its
+    /// free are recorded. Nothing changed: drain the queue (without the allocator's lock), then
+    /// call [`Allocator::free_after_drain`](crate::Allocator::free_after_drain).
+    DrainFirst {
+        /// The address given.
+        addr: u64,
+    },
 }
 
 impl<E: fmt::Display> fmt::Display for FreeError<E> {
@@ -162,6 +170,11 @@ impl<E: fmt::Display> fmt::Display for FreeError<E> {
                 "invalid device pointer: {addr:#x} is not a live allocation (double free?)"
             ),
             FreeError::Device(e) => write!(f, "NPU error: {e}"),
+            FreeError::DrainFirst { addr } => write!(
+                f,
+                "the free of {addr:#x}, used on other streams, waits for the host's queued work \
+                 to be drained"
+            ),
         }
     }
 }

@@ -26,7 +26,7 @@ impl<D: Device> Allocator<D> {
         // Read in one look at the record: recording events changes neither pool nor size.
         let block = &self.blocks[id];
         let (pool, size, used_elsewhere) = (block.pool, block.size, block.used_elsewhere);
-        let recorded = used_elsewhere && self.record_free_events(id).map_err(FreeError::Device)?;
+        let recorded = used_elsewhere && self.free_events(id)?;
         if self.history.is_some() {
             self.record_free(id, recorded);
         }
@@ -135,12 +135,35 @@ impl<D: Device> Allocator<D> {
         }
     }
 
+    /// [`Allocator::free`] after the host's queued work was drained: the events of a block used
+    /// on other streams are recorded behind that work. What a caller does after
+    /// [`FreeError::DrainFirst`].
+    pub fn free_after_drain(&mut self, addr: u64) -> Result<(), FreeError<D::Error>> {
+        self.queue_drained = true;
+        let result = self.free(addr);
+        self.queue_drained = false;
+        result
+    }
+
+    /// The events of the free of block `id`, used on other streams: whether the block
+    /// must wait for them. With [`HostQueue::SyncFirst`](crate::HostQueue::SyncFirst) the host's
+    /// queue must be drained first ([`FreeError::DrainFirst`]): work still queued on the host for
+    /// those streams would reach them after events recorded now, which would then complete
+    /// while the work still reads the block (torch_npu records its events through that queue).
+    #[cold]
+    #[inline(never)]
+    fn free_events(&mut self, id: BlockId) -> Result<bool, FreeError<D::Error>> {
+        if self.host_queue == crate::oom_retry::HostQueue::SyncFirst && !self.queue_drained {
+            let addr = self.blocks[id].addr;
+            return Err(FreeError::DrainFirst { addr });
+        }
+        self.record_free_events(id).map_err(FreeError::Device)
+    }
+
     /// Records one event per stream in the stream uses of a block used on other streams, and
     /// queues them. Returns whether the block must wait for them (`false` when recording failed
     /// and a device synchronization made waiting unnecessary). On error nothing has changed.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn record_free_events(&mut self, id: BlockId) -> Result<bool, D::Error> {
+    fn record_free_events(&mut self, id: BlockId) -> Result<bool, D::Error> {
         debug_assert!(
             self.blocks[id].used_elsewhere,
             "only free's check calls this"

@@ -64,7 +64,9 @@ pub enum HostQueue {
     /// queue and synchronizes, then calls [`Allocator::resume_after_sync`] (torch_npu's
     /// `UnlockGuard` + `npuSynchronizeDevice`). [`Allocator::malloc`] cannot stop, so it
     /// releases nothing (as [`HostQueue::NoRelease`]); drive the miss path with
-    /// [`Allocator::begin_malloc`].
+    /// [`Allocator::begin_malloc`]. A free of an allocation used on other streams returns
+    /// [`FreeError::DrainFirst`](crate::FreeError::DrainFirst) before it records events: the
+    /// caller drains the queue, then calls [`Allocator::free_after_drain`].
     SyncFirst,
     /// Never release cached memory inside a malloc: no GC, and out-of-memory instead of the
     /// release-and-retry steps, since nothing can make the release safe.

@@ -4,7 +4,9 @@
 
 mod common;
 
-use alloc_core::{AllocConf, AllocError, Allocator, Device, DeviceError, HostQueue, MallocStep};
+use alloc_core::{
+    AllocConf, AllocError, Allocator, Device, DeviceError, FreeError, HostQueue, MallocStep,
+};
 use alloc_sim::{FaultError, SimError, SimStream, TestDevice};
 use common::*;
 
@@ -254,5 +256,34 @@ fn with_a_host_queue_gc_waits_for_a_sync_and_without_one_does_not_run() {
     ));
     assert_eq!(stat(&a, "reserved_bytes.all.current"), (60 * MIB) as i64);
     assert_eq!(a.device().frees(), 0);
+    check_consistency(&a);
+}
+
+/// With a host queue, the free of a block used on another stream stops before it records
+/// events (work still queued on the host would reach that stream after them): nothing changes
+/// until the caller has drained the queue and called `free_after_drain`. Other frees go on.
+#[test]
+fn with_a_host_queue_a_free_with_stream_uses_waits_for_a_drain() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    a.set_host_queue(HostQueue::SyncFirst);
+    let x = a.malloc(4096, S0).unwrap();
+    let y = a.malloc(4096, S0).unwrap();
+    a.record_stream(x, S1).unwrap();
+    assert_eq!(a.free(x), Err(FreeError::DrainFirst { addr: x }));
+    assert_eq!(a.device().events_recorded(), 0);
+    assert_eq!(stat(&a, "allocated_bytes.all.current"), 2 * 4096);
+    a.free(y).unwrap();
+    a.free_after_drain(x).unwrap();
+    assert_eq!(a.device().events_recorded(), 1);
+    assert_eq!(stat(&a, "allocated_bytes.all.current"), 0);
+    assert_eq!(stat(&a, "active_bytes.all.current"), 4096);
+    // The drain counts for that free only.
+    let z = a.malloc(4096, S0).unwrap();
+    a.record_stream(z, S1).unwrap();
+    assert_eq!(a.free(z), Err(FreeError::DrainFirst { addr: z }));
+    // Without a host queue, events are recorded at once.
+    a.set_host_queue(HostQueue::None);
+    a.free(z).unwrap();
+    assert_eq!(a.device().events_recorded(), 2);
     check_consistency(&a);
 }

@@ -1,7 +1,8 @@
-//! The device-synchronize hook: torch_npu launches work from a host task queue, so memory may
-//! go back to the device only after that queue is drained and the device synchronized. The
-//! Python package sets torch_npu's own synchronize here; a program without a host queue can set
-//! [`npu_alloc_acl_synchronize`]. The hook is called with no npu-alloc lock held.
+//! The host-queue hooks: torch_npu launches work from a host task queue, so memory may go back
+//! to the device only after that queue is drained and the device synchronized, and the events a
+//! free records must come after the work queued before it. The Python package sets torch_npu's
+//! own synchronize and drain here; a program without a host queue can set
+//! [`npu_alloc_acl_synchronize`]. The hooks are called with no npu-alloc lock held.
 
 use std::ffi::c_int;
 use std::sync::Mutex;
@@ -12,15 +13,17 @@ use crate::exports::{runtime, started_runtime};
 
 /// A device-synchronize hook: drains queued host work for `device` and synchronizes it; returns
 /// 0 on success. Before a call over every device, it is called once for each device the
-/// library has opened.
+/// library has opened. The drain hook has the same type, and drains without synchronizing.
 pub type NpuAllocSyncHook = extern "C" fn(device: c_int) -> c_int;
 
-/// The hook as an address (0: none); a function pointer fits in a `usize`.
+/// The synchronize hook as an address (0: none); a function pointer fits in a `usize`.
 static HOOK: AtomicUsize = AtomicUsize::new(0);
+/// The drain hook, the same way.
+static DRAIN_HOOK: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether the runtime has started (and was given the hook), under the lock that orders a
-/// start against [`npu_alloc_set_synchronize_hook`]: whichever comes second gives the runtime
-/// the hook in force.
+/// Whether the runtime has started (and was given the hooks), under the lock that orders a
+/// start against the hooks' setters: whichever comes second gives the runtime the hooks in
+/// force.
 static STARTED: Mutex<bool> = Mutex::new(false);
 
 /// Sets the device-synchronize hook (NULL: none). Called, with no npu-alloc lock held, before
@@ -34,10 +37,27 @@ static STARTED: Mutex<bool> = Mutex::new(false);
 /// file) must come first, and `install()` sets the hook before torch_npu initializes.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_synchronize_hook(hook: Option<extern "C" fn(c_int) -> c_int>) {
+    set(&HOOK, hook);
+}
+
+/// Sets the drain hook (NULL: none): drains the host's queued work for a device without
+/// waiting for the device. With a synchronize hook set, the free of an allocation used on
+/// other streams (`npu_alloc_record_stream_handle`) calls it, with no npu-alloc lock held,
+/// before it records the events the block waits for: work still in the host's queue would
+/// otherwise reach those streams after the events, which would complete while it still reads
+/// the block. Without a drain hook the synchronize hook serves, waiting for the device too.
+/// Setting it does not start the library.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_set_drain_hook(hook: Option<extern "C" fn(c_int) -> c_int>) {
+    set(&DRAIN_HOOK, hook);
+}
+
+/// Stores a hook, and gives it to the runtime if it has started.
+fn set(slot: &AtomicUsize, hook: Option<NpuAllocSyncHook>) {
     // A panic (a poisoned lock) stays on this side.
     crate::error::or((), || {
         let started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
-        HOOK.store(hook.map_or(0, |h| h as usize), Ordering::Release);
+        slot.store(hook.map_or(0, |h| h as usize), Ordering::Release);
         // A runtime that has started (its start finishing, at worst) gets the hook now; one
         // that has not reads it when it starts.
         if *started && let Some(rt) = started_runtime() {
@@ -47,33 +67,40 @@ pub extern "C" fn npu_alloc_set_synchronize_hook(hook: Option<extern "C" fn(c_in
     });
 }
 
-/// Gives a runtime that is starting the hook in force, and marks the start.
+/// Gives a runtime that is starting the hooks in force, and marks the start.
 pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
     let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
     apply(rt);
     *started = true;
 }
 
-/// Gives the runtime the hook for the OOM path: with one, a malloc stops before releasing
+/// Gives the runtime the hooks: with a synchronize hook, a malloc stops before releasing
 /// cached memory, calls it without the lock and goes on (torch_npu's `UnlockGuard` +
-/// `npuSynchronizeDevice`); without one, it releases nothing.
+/// `npuSynchronizeDevice`), and a free of an allocation used on other streams drains first;
+/// without one, a malloc releases nothing.
 pub(crate) fn apply(rt: &npu_runtime::NpuAllocator) {
+    let wrap = |h: NpuAllocSyncHook| -> npu_runtime::SyncHook {
+        std::sync::Arc::new(move |device: u32| {
+            h(c_int::try_from(device).unwrap_or(c_int::MAX)) == 0
+        })
+    };
     match hook() {
-        Some(h) => {
-            let hook: npu_runtime::SyncHook = std::sync::Arc::new(move |device: u32| {
-                h(c_int::try_from(device).unwrap_or(c_int::MAX)) == 0
-            });
-            rt.set_host_queue(npu_runtime::HostQueue::SyncFirst, Some(hook));
-        }
+        Some(h) => rt.set_host_queue(npu_runtime::HostQueue::SyncFirst, Some(wrap(h))),
         None => rt.set_host_queue(npu_runtime::HostQueue::NoRelease, None),
     }
+    rt.set_drain_hook(load(&DRAIN_HOOK).map(wrap));
 }
 
-/// The hook, if one is set.
+/// The synchronize hook, if one is set.
 pub(crate) fn hook() -> Option<NpuAllocSyncHook> {
-    let addr = HOOK.load(Ordering::Acquire);
-    // SAFETY: a non-zero value was stored from a `NpuAllocSyncHook` by
-    // `npu_alloc_set_synchronize_hook`, and function pointers round-trip through `usize`.
+    load(&HOOK)
+}
+
+/// The hook stored in `slot`, if any.
+fn load(slot: &AtomicUsize) -> Option<NpuAllocSyncHook> {
+    let addr = slot.load(Ordering::Acquire);
+    // SAFETY: a non-zero value was stored from a `NpuAllocSyncHook` by `set`, and function
+    // pointers round-trip through `usize`.
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, NpuAllocSyncHook>(addr) })
 }
 

@@ -121,11 +121,8 @@ pub struct Runtime<D: Device> {
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
     /// The history every device records (`record_memory_history`): its ring size, or `None`.
     pub(crate) history: Mutex<Option<usize>>,
-    /// The host-queue mode and hook every device uses (`set_host_queue`).
-    pub(crate) host: Mutex<(
-        alloc_core::HostQueue,
-        Option<crate::device_allocator::SyncHook>,
-    )>,
+    /// The host-queue mode and hooks every device uses (`set_host_queue`, `set_drain_hook`).
+    pub(crate) host: Mutex<(alloc_core::HostQueue, crate::device_allocator::HostHooks)>,
     /// Tells this runtime's scopes apart in the thread-local scope stack (`scope`).
     pub(crate) id: u64,
     /// Scopes of this runtime open on any thread: while there are none, a malloc skips the
@@ -155,7 +152,7 @@ where
                 .collect(),
             observers: Mutex::new(Vec::new()),
             history: Mutex::new(None),
-            host: Mutex::new((alloc_core::HostQueue::None, None)),
+            host: Mutex::new((alloc_core::HostQueue::None, Default::default())),
             id: crate::scope::next_runtime_id(),
             open_scopes: AtomicU64::new(0),
         }
@@ -218,7 +215,7 @@ where
                 Entry::Caching(a)
             } else {
                 let u = Uncached::new(dev.clone(), facts.index, facts.pad);
-                u.set_sync_hook(host.1.clone());
+                u.set_sync_hook(host.1.synchronize.clone());
                 Entry::Uncached(u)
             };
             Ok::<_, RuntimeError<D::Error>>((dev, entry))

@@ -10,8 +10,8 @@
 //! Other threads use the cache meanwhile. Locks are always taken allocator first, then device.
 
 use alloc_core::{
-    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, HostQueue,
-    MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
+    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, FreeError, GcStatus,
+    HostQueue, MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
 };
 use crossbeam_utils::CachePadded;
 
@@ -123,9 +123,22 @@ pub(crate) struct DeviceAllocator<D: Device> {
     settings_applied: AtomicU64,
     device: Shared<D>,
     inner: Mutex<Allocator<Shared<D>>>,
-    /// The host-queue synchronize hook a malloc calls, without the lock, before it releases
-    /// cached memory ([`HostQueue::SyncFirst`]).
-    sync_hook: Mutex<Option<SyncHook>>,
+    /// The host-queue hooks ([`HostQueue::SyncFirst`]), called without the lock: the
+    /// synchronize hook before a malloc releases cached memory, the drain hook before a free
+    /// records the events of an allocation used on other streams.
+    sync_hook: Mutex<HostHooks>,
+}
+
+/// The hooks of a host queue (torch_npu's task queue), each called with a device index.
+#[derive(Clone, Default)]
+pub(crate) struct HostHooks {
+    /// Drains the host's queued work for the device and synchronizes it (torch_npu's
+    /// `npuSynchronizeDevice`); `false` when it could not.
+    pub(crate) synchronize: Option<SyncHook>,
+    /// Drains the host's queued work for the device without waiting for the device (torch_npu's
+    /// `MakeSureQueueEmpty`); `false` when it could not. Without one, the synchronize hook
+    /// serves, at the cost of waiting for the device.
+    pub(crate) drain: Option<SyncHook>,
 }
 
 /// A hook that drains the host's queued work for a device and synchronizes it (torch_npu's
@@ -150,7 +163,7 @@ impl<D: Device> DeviceAllocator<D> {
             settings_applied: AtomicU64::new(0),
             device,
             inner: Mutex::new(allocator),
-            sync_hook: Mutex::new(None),
+            sync_hook: Mutex::new(HostHooks::default()),
         }
     }
 
@@ -249,7 +262,7 @@ impl<D: Device> DeviceAllocator<D> {
                 }
                 MallocStep::NeedSync { pending } => {
                     drop(guard);
-                    let hook = self.sync_hook.lock().clone();
+                    let hook = self.sync_hook.lock().synchronize.clone();
                     let synchronized = hook.is_some_and(|h| h(self.index));
                     if !synchronized {
                         warn_once(&format!(
@@ -265,16 +278,53 @@ impl<D: Device> DeviceAllocator<D> {
         }
     }
 
-    /// What a malloc does before it releases cached memory, and the hook it calls.
-    pub(crate) fn set_host_queue(&self, host_queue: HostQueue, hook: Option<SyncHook>) {
-        *self.sync_hook.lock() = hook;
+    /// What a malloc does before it releases cached memory (and a free before it records
+    /// events), and the hooks they call.
+    pub(crate) fn set_host_queue(&self, host_queue: HostQueue, hooks: HostHooks) {
+        *self.sync_hook.lock() = hooks;
         self.lock().set_host_queue(host_queue);
     }
 
     /// `free(addr)`.
     #[inline]
     pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<D::Error>> {
-        Ok(self.lock().free(addr)?)
+        // The guard is dropped with this statement: the drain runs without the lock.
+        let result = self.lock().free(addr);
+        match result {
+            Ok(()) => Ok(()),
+            Err(e) => self.free_refused(addr, e),
+        }
+    }
+
+    /// A free the allocator refused: an error, or, for an allocation used on other streams
+    /// under [`HostQueue::SyncFirst`], a free that waits for the host's queue to drain. The
+    /// drain hook (else the synchronize hook, which drains too) runs without the lock, then the
+    /// free records its events behind the work the host had queued. Out of line, so that a
+    /// free's error path is one call.
+    #[cold]
+    #[inline(never)]
+    fn free_refused(
+        &self,
+        addr: u64,
+        error: FreeError<D::Error>,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        if !matches!(error, FreeError::DrainFirst { .. }) {
+            return Err(error.into());
+        }
+        let hook = {
+            let hooks = self.sync_hook.lock();
+            hooks.drain.clone().or_else(|| hooks.synchronize.clone())
+        };
+        if !hook.is_some_and(|h| h(self.index)) {
+            // The events are recorded all the same: refusing the free would leak the block.
+            warn_once(&format!(
+                "NPU {}: a block used on other streams was freed without draining the host's \
+                 queued work first (no drain or synchronize hook, or it failed); work still \
+                 queued may use it after it is reused",
+                self.index
+            ));
+        }
+        Ok(self.lock().free_after_drain(addr)?)
     }
 
     /// `record_stream(addr, stream)`.

@@ -222,6 +222,62 @@ fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str
     assert_eq!(fake.live_allocations(0), 0);
 }
 
+/// With a host queue (torch_npu's task queue), the free of a block used on another stream drains
+/// the queue, without the lock, before it records its event: work still queued for that stream
+/// must reach it before the event does. The drain hook serves, else the synchronize hook; a
+/// block used on its own stream alone records nothing and calls no hook.
+#[test]
+fn with_a_host_queue_a_free_drains_before_it_records_events() {
+    let fake = Arc::new(FakeAcl::new(Variant::Full, 1 << 30, 1));
+    let (platform, rt) = platform_and_runtime(&fake, Config::default());
+    let rt = Arc::new(rt);
+    let lib = platform.lib();
+    lib.set_device(0).unwrap();
+    let side = Stream::from(lib.create_stream().unwrap());
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let hook = |name: &'static str| -> SyncHook {
+        let (fake, calls, rt) = (fake.clone(), calls.clone(), Arc::downgrade(&rt));
+        Arc::new(move |device| {
+            // Called without the device's lock: the runtime answers from inside the hook.
+            let rt = rt.upgrade().unwrap();
+            assert!(rt.memory_stats(device).is_ok());
+            calls
+                .lock()
+                .unwrap()
+                .push((name, fake.calls("aclrtRecordEvent")));
+            true
+        })
+    };
+    rt.set_host_queue(HostQueue::SyncFirst, Some(hook("synchronize")));
+    rt.set_drain_hook(Some(hook("drain")));
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.record_stream(a, side).unwrap();
+    rt.free(a).unwrap();
+    // Drained once, before the one event was recorded.
+    assert_eq!(*calls.lock().unwrap(), [("drain", 0)]);
+    assert_eq!(fake.calls("aclrtRecordEvent"), 1);
+    assert_eq!(stat(&rt, "active_bytes.all.current"), 1536);
+    // A block used on its own stream only: no hook, no event.
+    let b = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.free(b).unwrap();
+    assert_eq!(calls.lock().unwrap().len(), 1);
+    // Without a drain hook the synchronize hook drains (and waits for the device).
+    rt.set_drain_hook(None);
+    let c = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.record_stream(c, side).unwrap();
+    rt.free(c).unwrap();
+    assert_eq!(calls.lock().unwrap()[1], ("synchronize", 1));
+    assert_eq!(fake.calls("aclrtRecordEvent"), 2);
+    // A free that fails is still refused the same way after the drain: nothing changes.
+    assert!(matches!(
+        rt.free(c),
+        Err(RuntimeError::Free(FreeError::NotAllocated { .. }))
+    ));
+    fake.complete_all_events();
+    rt.process_events(0).unwrap();
+    assert_eq!(stat(&rt, "active_bytes.all.current"), 0);
+}
+
 #[test]
 fn record_stream_polls_query_event_status() {
     record_stream_waits_for_the_event(Variant::Full, "aclrtQueryEventStatus", "aclrtMallocAlign32");

@@ -38,6 +38,13 @@ static void *exiting_thread(void *arg) {
   return NULL;
 }
 
+static int drain_calls = 0;
+static int drain(int device) {
+  (void)device;
+  drain_calls++;
+  return 0;
+}
+
 static int (*acl_set_device)(int32_t);
 static int (*acl_get_device)(int32_t *);
 
@@ -159,6 +166,18 @@ int main(void) {
   CHECK(hook_calls == 4); /* the hook runs before the pause is judged */
   CHECK(npu_alloc_resume(NULL) == NpuAllocStatus_Ok);
   npu_alloc_free(kv, 2 << 20, 0, NULL);
+
+  /* With the synchronize hook set, the free of a block used on another stream drains the
+     host's queue first, with the drain hook. */
+  npu_alloc_set_drain_hook(drain);
+  int (*create_stream)(void **) = (int (*)(void **))dlsym(acl, "aclrtCreateStream");
+  void *side = NULL;
+  CHECK(create_stream != NULL && create_stream(&side) == 0);
+  void *q = npu_alloc_malloc(4096, 0, NULL);
+  CHECK(npu_alloc_record_stream_handle(q, side) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_free_checked(q) == NpuAllocStatus_Ok);
+  CHECK(drain_calls == 1);
+  npu_alloc_set_drain_hook(NULL);
 
   CHECK(npu_alloc_dump_snapshot(getenv("SNAPSHOT_PATH")) == NpuAllocStatus_Ok);
   npu_alloc_free(a, 3 << 20, 0, NULL);
