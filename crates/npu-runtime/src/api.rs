@@ -321,8 +321,24 @@ where
         if addr == 0 {
             return Ok(());
         }
-        self.route(addr, |entry| match entry {
+        let result = self.route(addr, |entry| match entry {
             Entry::Caching(a) => a.free(addr),
+            Entry::Uncached(u) => u.free(addr),
+        });
+        if let Err(RuntimeError::Free(FreeError::DrainFirst { .. })) = result {
+            return self.free_after_drain(addr);
+        }
+        result
+    }
+
+    /// A free that waits for the host's queue to drain (an allocation used on other streams,
+    /// under [`alloc_core::HostQueue::SyncFirst`]): out of line, so that the free above inlines
+    /// as before.
+    #[cold]
+    #[inline(never)]
+    fn free_after_drain(&self, addr: u64) -> Result<(), D::Error> {
+        self.route(addr, |entry| match entry {
+            Entry::Caching(a) => a.free_after_drain(addr),
             Entry::Uncached(u) => u.free(addr),
         })
     }

@@ -10,8 +10,8 @@
 //! Other threads use the cache meanwhile. Locks are always taken allocator first, then device.
 
 use alloc_core::{
-    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, FreeError, GcStatus,
-    HostQueue, MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
+    AllocConf, Allocator, Device, DeviceError, DeviceFacts, DeviceStats, GcStatus, HostQueue,
+    MallocStep, MemInfo, PoolId, SegmentInfo, VmmError,
 };
 use crossbeam_utils::CachePadded;
 
@@ -285,32 +285,19 @@ impl<D: Device> DeviceAllocator<D> {
         self.lock().set_host_queue(host_queue);
     }
 
-    /// `free(addr)`.
+    /// `free(addr)`. Under [`HostQueue::SyncFirst`] the free of an allocation used on other
+    /// streams is [`FreeError::DrainFirst`]: the runtime then calls
+    /// [`DeviceAllocator::free_after_drain`] (kept out of this function, which the runtime's
+    /// free inlines with the allocator's).
     #[inline]
     pub(crate) fn free(&self, addr: u64) -> Result<(), RuntimeError<D::Error>> {
-        // The guard is dropped with this statement: the drain runs without the lock.
-        let result = self.lock().free(addr);
-        match result {
-            Ok(()) => Ok(()),
-            Err(e) => self.free_refused(addr, e),
-        }
+        Ok(self.lock().free(addr)?)
     }
 
-    /// A free the allocator refused: an error, or, for an allocation used on other streams
-    /// under [`HostQueue::SyncFirst`], a free that waits for the host's queue to drain. The
+    /// The free of an allocation used on other streams, under [`HostQueue::SyncFirst`]: the
     /// drain hook (else the synchronize hook, which drains too) runs without the lock, then the
-    /// free records its events behind the work the host had queued. Out of line, so that a
-    /// free's error path is one call.
-    #[cold]
-    #[inline(never)]
-    fn free_refused(
-        &self,
-        addr: u64,
-        error: FreeError<D::Error>,
-    ) -> Result<(), RuntimeError<D::Error>> {
-        if !matches!(error, FreeError::DrainFirst { .. }) {
-            return Err(error.into());
-        }
+    /// free records its events behind the work the host had queued.
+    pub(crate) fn free_after_drain(&self, addr: u64) -> Result<(), RuntimeError<D::Error>> {
         let hook = {
             let hooks = self.sync_hook.lock();
             hooks.drain.clone().or_else(|| hooks.synchronize.clone())
