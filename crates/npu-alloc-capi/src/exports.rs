@@ -167,7 +167,16 @@ pub extern "C" fn npu_alloc_free_checked(ptr: *mut c_void) -> NpuAllocStatus {
     if ptr.is_null() {
         return NpuAllocStatus::Ok;
     }
-    status(|| Ok(runtime()?.free(ptr as usize as u64)?))
+    status(|| {
+        let (rt, addr) = (runtime()?, ptr as usize as u64);
+        match rt.free(addr) {
+            // Used on other streams, with the synchronize hook set: drained first.
+            Err(RuntimeError::Free(alloc_core::FreeError::DrainFirst { .. })) => {
+                Ok(rt.free_after_drain(addr)?)
+            }
+            result => Ok(result?),
+        }
+    })
 }
 
 /// torch_npu's `init_fn(device_count)`: starts the runtime (loads ACL); nothing else to do.

@@ -315,28 +315,29 @@ where
 
     /// `free(addr)`: returns an allocation (0 is a no-op). An address no device knows is
     /// [`FreeError::ForeignPointer`], one inside a segment that is not a live allocation
-    /// [`FreeError::NotAllocated`]; on any error the allocation stays live.
+    /// [`FreeError::NotAllocated`]; on any error the allocation stays live. With
+    /// [`alloc_core::HostQueue::SyncFirst`], an allocation used on other streams is
+    /// [`FreeError::DrainFirst`]: finish it with [`Runtime::free_after_drain`].
     #[inline(always)]
     pub fn free(&self, addr: u64) -> Result<(), D::Error> {
         if addr == 0 {
             return Ok(());
         }
-        let result = self.route(addr, |entry| match entry {
+        self.route(addr, |entry| match entry {
             Entry::Caching(a) => a.free(addr),
             Entry::Uncached(u) => u.free(addr),
-        });
-        if let Err(RuntimeError::Free(FreeError::DrainFirst { .. })) = result {
-            return self.free_after_drain(addr);
-        }
-        result
+        })
     }
 
-    /// A free that waits for the host's queue to drain (an allocation used on other streams,
-    /// under [`alloc_core::HostQueue::SyncFirst`]): out of line, so that the free above inlines
-    /// as before.
+    /// The free of an allocation used on other streams under [`alloc_core::HostQueue::SyncFirst`],
+    /// after [`Runtime::free`] answered [`FreeError::DrainFirst`] (and changed nothing): the drain
+    /// hook of [`Runtime::set_drain_hook`] (else the synchronize hook, which drains too) runs
+    /// without any lock, then the free records its events behind the work the host had queued.
+    ///
+    /// A step of its own rather than inside `free`: any check for it there cost the runtime's
+    /// cache-hit pair 10 to 23 instructions and about 3% of its time (docs/performance.md).
     #[cold]
-    #[inline(never)]
-    fn free_after_drain(&self, addr: u64) -> Result<(), D::Error> {
+    pub fn free_after_drain(&self, addr: u64) -> Result<(), D::Error> {
         self.route(addr, |entry| match entry {
             Entry::Caching(a) => a.free_after_drain(addr),
             Entry::Uncached(u) => u.free(addr),

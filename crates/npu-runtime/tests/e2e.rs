@@ -222,10 +222,11 @@ fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str
     assert_eq!(fake.live_allocations(0), 0);
 }
 
-/// With a host queue (torch_npu's task queue), the free of a block used on another stream drains
-/// the queue, without the lock, before it records its event: work still queued for that stream
-/// must reach it before the event does. The drain hook serves, else the synchronize hook; a
-/// block used on its own stream alone records nothing and calls no hook.
+/// With a host queue (torch_npu's task queue), the free of a block used on another stream stops
+/// (`DrainFirst`), and `free_after_drain` drains the queue, without the lock, before it records
+/// its event: work still queued for that stream must reach it before the event does. The drain
+/// hook serves, else the synchronize hook; a block used on its own stream alone records nothing
+/// and calls no hook.
 #[test]
 fn with_a_host_queue_a_free_drains_before_it_records_events() {
     let fake = Arc::new(FakeAcl::new(Variant::Full, 1 << 30, 1));
@@ -252,7 +253,14 @@ fn with_a_host_queue_a_free_drains_before_it_records_events() {
     rt.set_drain_hook(Some(hook("drain")));
     let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     rt.record_stream(a, side).unwrap();
-    rt.free(a).unwrap();
+    // The free stops before it records the event, changing nothing; the next step drains.
+    assert!(matches!(
+        rt.free(a),
+        Err(RuntimeError::Free(FreeError::DrainFirst { .. }))
+    ));
+    assert!(calls.lock().unwrap().is_empty());
+    assert_eq!(stat(&rt, "allocated_bytes.all.current"), 1536);
+    rt.free_after_drain(a).unwrap();
     // Drained once, before the one event was recorded.
     assert_eq!(*calls.lock().unwrap(), [("drain", 0)]);
     assert_eq!(fake.calls("aclrtRecordEvent"), 1);
@@ -265,12 +273,12 @@ fn with_a_host_queue_a_free_drains_before_it_records_events() {
     rt.set_drain_hook(None);
     let c = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     rt.record_stream(c, side).unwrap();
-    rt.free(c).unwrap();
+    rt.free_after_drain(c).unwrap();
     assert_eq!(calls.lock().unwrap()[1], ("synchronize", 1));
     assert_eq!(fake.calls("aclrtRecordEvent"), 2);
-    // A free that fails is still refused the same way after the drain: nothing changes.
+    // A free that fails is refused the same way after the drain: nothing changes.
     assert!(matches!(
-        rt.free(c),
+        rt.free_after_drain(c),
         Err(RuntimeError::Free(FreeError::NotAllocated { .. }))
     ));
     fake.complete_all_events();
