@@ -170,9 +170,10 @@ pub extern "C" fn npu_alloc_free_checked(ptr: *mut c_void) -> NpuAllocStatus {
     status(|| {
         let (rt, addr) = (runtime()?, ptr as usize as u64);
         match rt.free(addr) {
-            // Used on other streams, with the synchronize hook set: drained first.
+            // Used on other streams, with the synchronize hook set: drained first. Recording
+            // its events binds the block's device, which need not be the caller's.
             Err(RuntimeError::Free(alloc_core::FreeError::DrainFirst { .. })) => {
-                Ok(rt.free_after_drain(addr)?)
+                Ok(keeping_current_device(|| rt.free_after_drain(addr))?)
             }
             result => Ok(result?),
         }

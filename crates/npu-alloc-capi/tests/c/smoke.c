@@ -175,8 +175,15 @@ int main(void) {
   CHECK(create_stream != NULL && create_stream(&side) == 0);
   void *q = npu_alloc_malloc(4096, 0, NULL);
   CHECK(npu_alloc_record_stream_handle(q, side) == NpuAllocStatus_Ok);
+  /* Freed from a thread whose device the host made 1 behind the library's back: recording the
+     event binds device 0 (the library's cache of the binding is not trusted), then 1 again. */
+  CHECK(acl_set_device(1) == 0);
+  uint64_t sets = acl_calls("aclrtSetDevice");
   CHECK(npu_alloc_free_checked(q) == NpuAllocStatus_Ok);
   CHECK(drain_calls == 1);
+  CHECK(acl_calls("aclrtSetDevice") == sets + 2);
+  int32_t bound = -1;
+  CHECK(acl_get_device(&bound) == 0 && bound == 1);
   npu_alloc_set_drain_hook(NULL);
 
   CHECK(npu_alloc_dump_snapshot(getenv("SNAPSHOT_PATH")) == NpuAllocStatus_Ok);
