@@ -308,23 +308,45 @@ def use_mem_pool(pool):
 def region(tag="default", enable_cpu_backup=False, device=None):
     """torch_memory_saver's ``region``: allocations of this thread on ``device`` (None: the
     current device) inside the block can be paused and resumed at the same addresses (their
-    bytes kept with ``enable_cpu_backup``)."""
+    bytes kept with ``enable_cpu_backup``). Regions nest, the innermost open one taking the
+    allocations. One left while a region entered inside it on the same device is still open
+    (generators, asyncio) stays open in the library until that region is left too, since the
+    library ends a thread's innermost region: meanwhile the inner region takes the
+    allocations, as it should."""
     device = _device(device)
     _check(_load().npu_alloc_region_begin(device, _text(tag, "tag"), bool(enable_cpu_backup)))
+    stack = _regions.__dict__.setdefault("stacks", {}).setdefault(device, [])
+    me = [False]  # whether it was left
+    stack.append(me)
     try:
         yield
     finally:
-        _check(_load().npu_alloc_region_end(device))
+        me[0] = True
+        # End every region at the top of the stack that was left, innermost first.
+        while stack and stack[-1][0]:
+            stack.pop()
+            _check(_load().npu_alloc_region_end(device))
+
+
+# This thread's open regions by device, innermost last.
+_regions = threading.local()
+
+
+def _tags(tag):
+    """A pause's or resume's tag for C: None or "" (as torch_memory_saver reads a falsy tag) is
+    every tag."""
+    return None if tag is None or tag == "" else _text(tag, "tag")
 
 
 def pause(tag=None):
-    """Gives back the physical memory of ``tag`` (every tag when None), addresses kept."""
-    _check(_load().npu_alloc_pause(None if tag is None else _text(tag, "tag")))
+    """Gives back the physical memory of ``tag`` (every tag when None or "", as in
+    torch_memory_saver), addresses kept."""
+    _check(_load().npu_alloc_pause(_tags(tag)))
 
 
 def resume(tag=None):
-    """Maps new memory at the paused addresses of ``tag`` (every paused tag when None)."""
-    _check(_load().npu_alloc_resume(None if tag is None else _text(tag, "tag")))
+    """Maps new memory at the paused addresses of ``tag`` (every paused tag when None or "")."""
+    _check(_load().npu_alloc_resume(_tags(tag)))
 
 
 def set_synchronize_hook(hook):

@@ -164,6 +164,34 @@ class MemorySaver(unittest.TestCase):
             npu_alloc.resume("paused-tag")
         npu_alloc.free(p)
 
+    def test_an_empty_tag_is_every_tag_and_regions_leave_in_order(self):
+        with npu_alloc.region("order_a", device=0):
+            p = npu_alloc.malloc(4096, 0)
+        # As torch_memory_saver reads a falsy tag: "" pauses and resumes every tag.
+        npu_alloc.pause("")
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.pause("order_a")
+        self.assertIn("already paused", str(e.exception))
+        npu_alloc.resume("")
+        npu_alloc.free(p)
+        # Left out of order (a generator, asyncio): order_a stays open under order_b, which still
+        # takes the allocations, and both end when order_b is left.
+        a = npu_alloc.region("order_a", device=0)
+        b = npu_alloc.region("order_b", device=0)
+        a.__enter__()
+        b.__enter__()
+        a.__exit__(None, None, None)
+        q = npu_alloc.malloc(4096, 0)
+        b.__exit__(None, None, None)
+        # No region is open any more: the C library refuses to end one.
+        self.assertEqual(npu_alloc._load().npu_alloc_region_end(0), -7)
+        # q is order_b's: pausing it gives its segment back to the device.
+        free_before = npu_alloc.mem_get_info(0)[0]
+        npu_alloc.pause("order_b")
+        self.assertGreater(npu_alloc.mem_get_info(0)[0], free_before)
+        npu_alloc.resume("order_b")
+        npu_alloc.free(q)
+
     def test_pause_and_resume_with_cpu_backup_keep_the_bytes(self):
         with npu_alloc.region("weights", enable_cpu_backup=True):
             p = npu_alloc.malloc(MIB)
