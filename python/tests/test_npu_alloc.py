@@ -192,6 +192,26 @@ class MemorySaver(unittest.TestCase):
         npu_alloc.resume("order_b")
         npu_alloc.free(q)
 
+    @needs_fake
+    def test_a_private_pool_inside_a_region_stands_in_for_disable(self):
+        # torch_memory_saver's disable(): allocations inside a region that its pause must not
+        # touch. A private pool's scope inside the region takes them instead.
+        pool = npu_alloc.MemPool(0)
+        with npu_alloc.region("disable_tag", device=0):
+            kept = npu_alloc.malloc(4096, 0)
+            with npu_alloc.use_mem_pool(pool):
+                outside = npu_alloc.malloc(4096, 0)
+        npu_alloc.pause("disable_tag")
+        try:
+            # The pool's block is still mapped; the region's is not.
+            self.assertEqual(FAKE.fake_acl_write_device(outside, b"x", 1), 0)
+            self.assertNotEqual(FAKE.fake_acl_write_device(kept, b"x", 1), 0)
+        finally:
+            npu_alloc.resume("disable_tag")
+        npu_alloc.free(kept)
+        npu_alloc.free(outside)
+        pool.release()
+
     def test_pause_and_resume_with_cpu_backup_keep_the_bytes(self):
         with npu_alloc.region("weights", enable_cpu_backup=True):
             p = npu_alloc.malloc(MIB)
