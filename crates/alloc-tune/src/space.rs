@@ -62,6 +62,22 @@ impl Key {
     pub fn from_name(name: &str) -> Option<Key> {
         Key::ALL.into_iter().find(|k| k.name() == name)
     }
+
+    /// The key this one acts only beside, set: `segment_size_mb` and `base_addr_aligned_kb`
+    /// need expandable segments, `max_non_split_rounding_mb` a split cap.
+    fn needs(self) -> Option<Key> {
+        match self {
+            Key::SegmentSize | Key::BaseAddrAligned => Some(Key::ExpandableSegments),
+            Key::MaxNonSplitRounding => Some(Key::MaxSplitSize),
+            _ => None,
+        }
+    }
+
+    /// Whether the search for `target` gives this key any value but its default: not
+    /// `segment_size_mb` for torch_npu, which deprecates it.
+    fn searched_for(self, target: Target) -> bool {
+        !(self == Key::SegmentSize && target == Target::TorchNpu)
+    }
 }
 
 /// Whose allocator the recommendation is for.
@@ -111,6 +127,23 @@ pub struct Candidate {
     pub base_addr_aligned_kb: Option<u64>,
     /// `page_size:1g`.
     pub page_1g: bool,
+}
+
+impl Candidate {
+    /// Whether `key` has a value other than its default.
+    fn sets(&self, key: Key) -> bool {
+        match key {
+            Key::ExpandableSegments => self.expandable,
+            Key::MaxSplitSize => self.max_split_mb.is_some(),
+            Key::MaxNonSplitRounding => self.max_non_split_mb.is_some(),
+            Key::RoundupPower2Divisions => self.roundup.is_some(),
+            Key::GarbageCollectionThreshold => self.gc_threshold.is_some(),
+            Key::LargeSegmentSize => self.large_segment_mb.is_some(),
+            Key::SegmentSize => self.segment_mb.is_some(),
+            Key::BaseAddrAligned => self.base_addr_aligned_kb.is_some(),
+            Key::PageSize => self.page_1g,
+        }
+    }
 }
 
 impl fmt::Display for Candidate {
@@ -221,13 +254,9 @@ pub(crate) fn neighbours(
     let coarse = detail == Detail::Coarse;
     // A key that cannot apply next to the others' values (alloc-conf would warn, or the value
     // would change nothing) takes only its default: fewer candidates to generate.
-    let applies = match key {
-        Key::MaxSplitSize | Key::GarbageCollectionThreshold => !c.expandable,
-        Key::MaxNonSplitRounding => c.max_split_mb.is_some(),
-        Key::SegmentSize => c.expandable && target == Target::NpuAlloc,
-        Key::BaseAddrAligned => c.expandable,
-        _ => true,
-    };
+    let conflicts =
+        matches!(key, Key::MaxSplitSize | Key::GarbageCollectionThreshold) && c.expandable;
+    let applies = key.searched_for(target) && key.needs().is_none_or(|k| c.sets(k)) && !conflicts;
     if !applies {
         let mut d = *c;
         match key {
@@ -307,20 +336,20 @@ pub(crate) fn neighbours(
 /// The keys of `keys` that this search leaves at their default whatever the workload, and
 /// why: each needs another key that is not among `keys`, or the target does not take it.
 pub fn inert_keys(keys: &[Key], target: Target) -> Vec<(Key, &'static str)> {
-    let has = |k: Key| keys.contains(&k);
     keys.iter()
         .filter_map(|&k| {
-            let why = match k {
-                Key::SegmentSize if target == Target::TorchNpu => {
-                    "torch_npu deprecates it (large_segment_size_mb sets the same page)"
+            let why = if !k.searched_for(target) {
+                "torch_npu deprecates it (large_segment_size_mb sets the same page)"
+            } else {
+                match k.needs() {
+                    Some(Key::ExpandableSegments) if !keys.contains(&Key::ExpandableSegments) => {
+                        "it acts only with expandable_segments"
+                    }
+                    Some(Key::MaxSplitSize) if !keys.contains(&Key::MaxSplitSize) => {
+                        "it acts only with max_split_size_mb"
+                    }
+                    _ => return None,
                 }
-                Key::SegmentSize | Key::BaseAddrAligned if !has(Key::ExpandableSegments) => {
-                    "it acts only with expandable_segments"
-                }
-                Key::MaxNonSplitRounding if !has(Key::MaxSplitSize) => {
-                    "it acts only with max_split_size_mb"
-                }
-                _ => return None,
             };
             Some((k, why))
         })
@@ -329,16 +358,7 @@ pub fn inert_keys(keys: &[Key], target: Target) -> Vec<(Key, &'static str)> {
 
 /// Whether `c` sets only `keys` (the default of every other key).
 pub(crate) fn within(c: &Candidate, keys: &[Key]) -> bool {
-    let set = |k: Key| keys.contains(&k);
-    (!c.expandable || set(Key::ExpandableSegments))
-        && (c.max_split_mb.is_none() || set(Key::MaxSplitSize))
-        && (c.max_non_split_mb.is_none() || set(Key::MaxNonSplitRounding))
-        && (c.roundup.is_none() || set(Key::RoundupPower2Divisions))
-        && (c.gc_threshold.is_none() || set(Key::GarbageCollectionThreshold))
-        && (c.large_segment_mb.is_none() || set(Key::LargeSegmentSize))
-        && (c.segment_mb.is_none() || set(Key::SegmentSize))
-        && (c.base_addr_aligned_kb.is_none() || set(Key::BaseAddrAligned))
-        && (!c.page_1g || set(Key::PageSize))
+    Key::ALL.iter().all(|&k| !c.sets(k) || keys.contains(&k))
 }
 
 /// Why a candidate is not offered, if it is not: alloc-conf warns about it, or the target
