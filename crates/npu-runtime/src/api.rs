@@ -209,15 +209,11 @@ where
                 if history.is_some() {
                     a.set_history(*history);
                 }
-                if host.0 != alloc_core::HostQueue::None {
-                    a.set_host_queue(host.0, host.1.clone());
-                }
                 Entry::Caching(a)
             } else {
-                let u = Uncached::new(dev.clone(), facts.index, facts.pad);
-                u.set_sync_hook(host.1.synchronize.clone());
-                Entry::Uncached(u)
+                Entry::Uncached(Uncached::new(dev.clone(), facts.index, facts.pad))
             };
+            entry.set_host(&host);
             Ok::<_, RuntimeError<D::Error>>((dev, entry))
         })?;
         Ok(opened)

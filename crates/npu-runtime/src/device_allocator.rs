@@ -126,7 +126,7 @@ pub(crate) struct DeviceAllocator<D: Device> {
     /// The host-queue hooks ([`HostQueue::SyncFirst`]), called without the lock: the
     /// synchronize hook before a malloc releases cached memory, the drain hook before a free
     /// records the events of an allocation used on other streams.
-    sync_hook: Mutex<HostHooks>,
+    hooks: Mutex<HostHooks>,
 }
 
 /// The hooks of a host queue (torch_npu's task queue), each called with a device index.
@@ -163,7 +163,7 @@ impl<D: Device> DeviceAllocator<D> {
             settings_applied: AtomicU64::new(0),
             device,
             inner: Mutex::new(allocator),
-            sync_hook: Mutex::new(HostHooks::default()),
+            hooks: Mutex::new(HostHooks::default()),
         }
     }
 
@@ -262,7 +262,7 @@ impl<D: Device> DeviceAllocator<D> {
                 }
                 MallocStep::NeedSync { pending } => {
                     drop(guard);
-                    let hook = self.sync_hook.lock().synchronize.clone();
+                    let hook = self.hooks.lock().synchronize.clone();
                     let synchronized = hook.is_some_and(|h| h(self.index));
                     if !synchronized {
                         warn_once(&format!(
@@ -281,7 +281,7 @@ impl<D: Device> DeviceAllocator<D> {
     /// What a malloc does before it releases cached memory (and a free before it records
     /// events), and the hooks they call.
     pub(crate) fn set_host_queue(&self, host_queue: HostQueue, hooks: HostHooks) {
-        *self.sync_hook.lock() = hooks;
+        *self.hooks.lock() = hooks;
         self.lock().set_host_queue(host_queue);
     }
 
@@ -299,7 +299,7 @@ impl<D: Device> DeviceAllocator<D> {
     /// free records its events behind the work the host had queued.
     pub(crate) fn free_after_drain(&self, addr: u64) -> Result<(), RuntimeError<D::Error>> {
         let hook = {
-            let hooks = self.sync_hook.lock();
+            let hooks = self.hooks.lock();
             hooks.drain.clone().or_else(|| hooks.synchronize.clone())
         };
         if !hook.is_some_and(|h| h(self.index)) {

@@ -44,10 +44,18 @@ where
     /// Gives every opened device the host-queue mode and hooks.
     fn apply_host(&self, host: &(HostQueue, HostHooks)) {
         for entry in self.opened_all() {
-            match entry {
-                Entry::Caching(a) => a.set_host_queue(host.0, host.1.clone()),
-                Entry::Uncached(u) => u.set_sync_hook(host.1.synchronize.clone()),
-            }
+            entry.set_host(host);
+        }
+    }
+}
+
+impl<D: Device> Entry<D> {
+    /// Gives this device the host-queue mode and hooks (without caching, the synchronize hook
+    /// alone: every free synchronizes).
+    pub(crate) fn set_host(&self, host: &(HostQueue, HostHooks)) {
+        match self {
+            Entry::Caching(a) => a.set_host_queue(host.0, host.1.clone()),
+            Entry::Uncached(u) => u.set_sync_hook(host.1.synchronize.clone()),
         }
     }
 }
