@@ -80,9 +80,7 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
 /// without one, a malloc releases nothing.
 pub(crate) fn apply(rt: &npu_runtime::NpuAllocator) {
     let wrap = |h: NpuAllocSyncHook| -> npu_runtime::SyncHook {
-        std::sync::Arc::new(move |device: u32| {
-            h(c_int::try_from(device).unwrap_or(c_int::MAX)) == 0
-        })
+        std::sync::Arc::new(move |device: u32| call(h, device) == 0)
     };
     match hook() {
         Some(h) => rt.set_host_queue(npu_runtime::HostQueue::SyncFirst, Some(wrap(h))),
@@ -104,6 +102,20 @@ fn load(slot: &AtomicUsize) -> Option<NpuAllocSyncHook> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, NpuAllocSyncHook>(addr) })
 }
 
+/// Calls hook `h` for `device`, a C int.
+fn call(h: NpuAllocSyncHook, device: u32) -> c_int {
+    h(c_int::try_from(device).unwrap_or(c_int::MAX))
+}
+
+/// `device`, or (`None`) every device `rt` has opened: one it never used holds none of its
+/// memory, and opening it would make an ACL context there.
+fn devices(rt: &npu_runtime::NpuAllocator, device: Option<u32>) -> Vec<u32> {
+    match device {
+        Some(d) => vec![d],
+        None => rt.opened_devices().collect(),
+    }
+}
+
 /// Calls the hook, if one is set, for `device` or (`None`) for each device `rt` has opened; a
 /// non-zero answer is a device error.
 pub(crate) fn synchronize_before_release(
@@ -113,12 +125,8 @@ pub(crate) fn synchronize_before_release(
     let Some(h) = hook() else {
         return Ok(());
     };
-    let devices: Vec<u32> = match device {
-        Some(d) => vec![d],
-        None => rt.opened_devices().collect(),
-    };
-    for d in devices {
-        match h(c_int::try_from(d).unwrap_or(c_int::MAX)) {
+    for d in devices(rt, device) {
+        match call(h, d) {
             0 => {}
             code => {
                 return Err(Fail::new(
@@ -141,15 +149,9 @@ pub(crate) fn synchronize_before_release(
 pub extern "C" fn npu_alloc_acl_synchronize(device: c_int) -> c_int {
     status(|| {
         let rt = runtime()?;
-        // Every device the library has opened: one it never used holds none of its memory,
-        // and opening it would make an ACL context there.
-        let devices: Vec<u32> = if device < 0 {
-            rt.opened_devices().collect()
-        } else {
-            vec![u32::try_from(device).map_err(|_| Fail::invalid("negative device"))?]
-        };
+        let device = (device >= 0).then_some(device as u32);
         npu_runtime::keeping_current_device(|| {
-            for d in devices {
+            for d in devices(rt, device) {
                 rt.with_device(d, alloc_core::Device::synchronize)?
                     .map_err(|e| Fail::new(NpuAllocStatus::DeviceError, e))?;
             }
