@@ -309,6 +309,21 @@ enum NpuAllocStatus npu_alloc_pause(const char *tag);
 enum NpuAllocStatus npu_alloc_resume(const char *tag);
 
 /**
+ * The memory saver's figures on `device` as a JSON object, NUL-terminated, into `buf` (`len`
+ * bytes), as [`npu_alloc_memory_stats`]: `paused_bytes` and `held_bytes` (each `current` and
+ * `peak`) and `tags`, one object per tag in tag order (`tag`, `paused`, `segments`, `bytes`,
+ * `paused_bytes`). torch's own stats do not move on a pause; these do. A device not opened yet
+ * has no tags.
+ *
+ * # Safety
+ * `buf` is null or writable for `len` bytes; `needed` is null or writable.
+ */
+enum NpuAllocStatus npu_alloc_memory_saver_stats(int device,
+                                                 char *buf,
+                                                 uintptr_t len,
+                                                 uintptr_t *needed);
+
+/**
  * Sets the device-synchronize hook (NULL: none). Called, with no npu-alloc lock held, before
  * `npu_alloc_empty_cache`, `npu_alloc_reset`, `npu_alloc_pause` and `npu_alloc_mem_pool_release`
  * give memory back (the first three call it once for each device the library has opened),

@@ -29,7 +29,8 @@ __all__ = [
     "empty_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
     "record_memory_history", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
     "use_mem_pool",
-    "region", "pause", "resume", "set_synchronize_hook", "set_drain_hook", "install",
+    "region", "pause", "resume", "disable", "memory_saver", "memory_saver_stats",
+    "set_synchronize_hook", "set_drain_hook", "install",
 ]
 
 # Status codes of include/npu_alloc.h (NpuAllocStatus).
@@ -89,6 +90,7 @@ def _load():
             "npu_alloc_erase_stream_handle": ([c_void, c_void], c_int),
             "npu_alloc_empty_cache": ([], c_int),
             "npu_alloc_memory_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
+            "npu_alloc_memory_saver_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
             "npu_alloc_mem_get_info": ([c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_size)], c_int),
             "npu_alloc_set_per_process_memory_fraction": ([ctypes.c_double, c_int], c_int),
             "npu_alloc_set_allocator_settings": ([c_char], c_int),
@@ -223,15 +225,27 @@ def erase_stream(ptr, stream):
 
 def memory_stats(device=None):
     """torch's ``memory_stats()`` keys for ``device`` (None: the current device), as a dict."""
-    lib, device = _load(), _device(device)
+    return _json(_load().npu_alloc_memory_stats, _device(device))
+
+
+def memory_saver_stats(device=None):
+    """The memory saver's figures for ``device`` (None: the current device), as a dict:
+    ``paused_bytes`` and ``held_bytes`` (each ``current`` and ``peak``) and ``tags``, a list of
+    one dict per tag (``tag``, ``paused``, ``segments``, ``bytes``, ``paused_bytes``). torch's
+    ``memory_stats()`` does not move on a pause; these do."""
+    return _json(_load().npu_alloc_memory_saver_stats, _device(device))
+
+
+def _json(fetch, device):
+    """The JSON text ``fetch(device, buf, len, &needed)`` writes, parsed."""
     needed = ctypes.c_size_t(0)
     buf = None
     while True:
         size = needed.value
-        status = lib.npu_alloc_memory_stats(device, buf, size, ctypes.byref(needed))
+        status = fetch(device, buf, size, ctypes.byref(needed))
         if status != _TOO_SMALL:
             break
-        # Another thread may have grown the stats in between: ask again with the new length.
+        # Another thread may have grown the figures in between: ask again with the new length.
         buf = ctypes.create_string_buffer(needed.value)
     _check(status)
     return json.loads(buf.value.decode())
@@ -330,6 +344,84 @@ def region(tag="default", enable_cpu_backup=False, device=None):
 
 # This thread's open regions by device, innermost last.
 _regions = threading.local()
+
+
+def _in_region(device):
+    """Whether this thread has a region open (entered and not left) on ``device``."""
+    stack = getattr(_regions, "stacks", {}).get(device, [])
+    return any(not left[0] for left in stack)
+
+
+@contextlib.contextmanager
+def disable(device=None):
+    """torch_memory_saver's ``disable()``: inside a region, allocations of this thread on
+    ``device`` (None: the current device) made in the block are left out of the region's tag, so
+    a pause does not touch them. As upstream, they come from a private pool of their own, made
+    for the block and released when it ends (its memory goes back once they are freed). Outside
+    a region it raises ``NpuAllocError`` (upstream asserts)."""
+    device = _device(device)
+    if not _in_region(device):
+        raise NpuAllocError(
+            f"disable() outside a region on device {device}: it only takes allocations out of "
+            "an open region", _REFUSED)
+    pool = MemPool(device)
+    try:
+        with use_mem_pool(pool):
+            yield
+    finally:
+        pool.release()
+
+
+class _MemorySaver:
+    """torch_memory_saver's singleton (``torch_memory_saver.torch_memory_saver``) over npu-alloc,
+    for code written against it: ``region``, ``pause``, ``resume``, ``disable`` and ``enabled``
+    behave as upstream's (on the current device). ``hook_mode`` accepts upstream's values and
+    changes nothing: npu-alloc is the allocator, there is nothing to hook. What npu-alloc does
+    not offer (``cuda_graph``, ``get_cpu_backup``, ``memory_margin_bytes``) raises
+    ``NotImplementedError`` rather than doing something else silently."""
+
+    enabled = True
+
+    def region(self, tag="default", enable_cpu_backup=False):
+        return region(tag, enable_cpu_backup)
+
+    def pause(self, tag=None):
+        pause(tag)
+
+    def resume(self, tag=None):
+        resume(tag)
+
+    def disable(self):
+        return disable()
+
+    @property
+    def hook_mode(self):
+        raise AttributeError("hook_mode can only be set, as in torch_memory_saver")
+
+    @hook_mode.setter
+    def hook_mode(self, mode):
+        if mode not in ("preload", "torch"):
+            raise ValueError(f"hook_mode must be 'preload' or 'torch', not {mode!r}")
+
+    @property
+    def memory_margin_bytes(self):
+        raise NotImplementedError("memory_margin_bytes can only be set, as in torch_memory_saver")
+
+    @memory_margin_bytes.setter
+    def memory_margin_bytes(self, value):
+        raise NotImplementedError("npu-alloc has no memory margin for resume (docs/memory-saver.md)")
+
+    def cuda_graph(self, *args, **kwargs):
+        raise NotImplementedError("npu-alloc does not capture NPU graphs in a region "
+                                  "(docs/memory-saver.md)")
+
+    def get_cpu_backup(self, x):
+        raise NotImplementedError("npu-alloc keeps no CPU backup after a resume "
+                                  "(docs/memory-saver.md)")
+
+
+# Stands in for ``torch_memory_saver.torch_memory_saver``.
+memory_saver = _MemorySaver()
 
 
 def _tags(tag):

@@ -193,24 +193,69 @@ class MemorySaver(unittest.TestCase):
         npu_alloc.free(q)
 
     @needs_fake
-    def test_a_private_pool_inside_a_region_stands_in_for_disable(self):
-        # torch_memory_saver's disable(): allocations inside a region that its pause must not
-        # touch. A private pool's scope inside the region takes them instead.
-        pool = npu_alloc.MemPool(0)
+    def test_disable_leaves_allocations_out_of_the_region_and_releases_its_pool(self):
+        # torch_memory_saver's disable(): inside a region, allocations its pause must not touch.
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            with npu_alloc.disable(device=0):
+                pass
+        self.assertIn("outside a region", str(e.exception))
         with npu_alloc.region("disable_tag", device=0):
             kept = npu_alloc.malloc(4096, 0)
-            with npu_alloc.use_mem_pool(pool):
+            with npu_alloc.disable(device=0):
                 outside = npu_alloc.malloc(4096, 0)
+            back_in = npu_alloc.malloc(4096, 0)
+        # 4096 + 32 bytes round to 4608: both region blocks share the tag's 2 MiB segment.
+        self.assertEqual(back_in - kept, 4608)
+        tags = {t["tag"]: t for t in npu_alloc.memory_saver_stats(0)["tags"]}
+        self.assertEqual((tags["disable_tag"]["segments"], tags["disable_tag"]["bytes"]),
+                         (1, 2 * MIB))
         npu_alloc.pause("disable_tag")
         try:
-            # The pool's block is still mapped; the region's is not.
+            saver = npu_alloc.memory_saver_stats(0)
+            self.assertEqual(saver["paused_bytes"]["current"], 2 * MIB)
+            self.assertEqual(saver["held_bytes"]["current"] + 2 * MIB,
+                             npu_alloc.memory_stats(0)["reserved_bytes.all.current"])
+            self.assertTrue({t["tag"]: t for t in saver["tags"]}["disable_tag"]["paused"])
+            # The disabled block is still mapped; the region's are not.
             self.assertEqual(FAKE.fake_acl_write_device(outside, b"x", 1), 0)
             self.assertNotEqual(FAKE.fake_acl_write_device(kept, b"x", 1), 0)
         finally:
             npu_alloc.resume("disable_tag")
-        npu_alloc.free(kept)
+        resumed = npu_alloc.memory_saver_stats(0)["paused_bytes"]
+        self.assertEqual(resumed["current"], 0)
+        self.assertGreaterEqual(resumed["peak"], 2 * MIB)
+        # The block's pool was released at the block's end: its segment goes back with the free.
+        npu_alloc.empty_cache()
+        reserved = npu_alloc.memory_stats(0)["reserved_bytes.all.current"]
         npu_alloc.free(outside)
-        pool.release()
+        npu_alloc.empty_cache()
+        self.assertEqual(npu_alloc.memory_stats(0)["reserved_bytes.all.current"], reserved - 2 * MIB)
+        npu_alloc.free(kept)
+        npu_alloc.free(back_in)
+
+    def test_the_torch_memory_saver_singleton_stands_in(self):
+        tms = npu_alloc.memory_saver
+        self.assertTrue(tms.enabled)
+        tms.hook_mode = "torch"
+        with self.assertRaises(ValueError):
+            tms.hook_mode = "cuda"
+        with self.assertRaises(NotImplementedError):
+            tms.memory_margin_bytes = 1 << 30
+        with self.assertRaises(NotImplementedError):
+            tms.cuda_graph(None)
+        with tms.region("singleton_tag"):
+            p = npu_alloc.malloc(MIB)
+            with tms.disable():
+                q = npu_alloc.malloc(MIB)
+        tms.pause("singleton_tag")
+        try:
+            self.assertNotEqual(FAKE.fake_acl_write_device(p, b"x", 1), 0)
+            self.assertEqual(FAKE.fake_acl_write_device(q, b"x", 1), 0)
+        finally:
+            tms.resume("singleton_tag")
+        self.assertEqual(FAKE.fake_acl_write_device(p, b"x", 1), 0)
+        npu_alloc.free(p)
+        npu_alloc.free(q)
 
     def test_pause_and_resume_with_cpu_backup_keep_the_bytes(self):
         with npu_alloc.region("weights", enable_cpu_backup=True):

@@ -605,3 +605,46 @@ pub unsafe extern "C" fn npu_alloc_resume(tag: *const c_char) -> NpuAllocStatus 
         Ok(())
     })
 }
+
+/// The memory saver's figures on `device` as a JSON object, NUL-terminated, into `buf` (`len`
+/// bytes), as [`npu_alloc_memory_stats`]: `paused_bytes` and `held_bytes` (each `current` and
+/// `peak`) and `tags`, one object per tag in tag order (`tag`, `paused`, `segments`, `bytes`,
+/// `paused_bytes`). torch's own stats do not move on a pause; these do. A device not opened yet
+/// has no tags.
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes; `needed` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_memory_saver_stats(
+    device: c_int,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> NpuAllocStatus {
+    status(|| {
+        let stats = runtime()?.memory_saver_stats(self::device(device)?)?;
+        let figure =
+            |s: &alloc_core::Stat| serde_json::json!({"current": s.current, "peak": s.peak});
+        let tags: Vec<serde_json::Value> = stats
+            .tags
+            .iter()
+            .map(|t| {
+                serde_json::json!({
+                    "tag": t.tag,
+                    "paused": t.paused,
+                    "segments": t.segments,
+                    "bytes": t.bytes,
+                    "paused_bytes": figure(&t.paused_bytes),
+                })
+            })
+            .collect();
+        let json = serde_json::json!({
+            "paused_bytes": figure(&stats.paused_bytes),
+            "held_bytes": figure(&stats.held_bytes),
+            "tags": tags,
+        })
+        .to_string();
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy_out(&json, buf, len, needed) }
+    })
+}
