@@ -309,6 +309,16 @@ enum NpuAllocStatus npu_alloc_pause(const char *tag);
 enum NpuAllocStatus npu_alloc_resume(const char *tag);
 
 /**
+ * Whether any device opened so far knows memory-saver tag `tag` (a region of it was entered):
+ * `*known` is set. `npu_alloc_pause` and `npu_alloc_resume` of a tag no device knows are
+ * `Refused`; torch_memory_saver does nothing for one, and a stand-in for it asks here first.
+ *
+ * # Safety
+ * `tag` is a NUL-terminated string; `known` is writable.
+ */
+enum NpuAllocStatus npu_alloc_memory_saver_has_tag(const char *tag, bool *known);
+
+/**
  * The memory saver's figures on `device` as a JSON object, NUL-terminated, into `buf` (`len`
  * bytes), as [`npu_alloc_memory_stats`]: `paused_bytes` and `held_bytes` (each `current` and
  * `peak`) and `tags`, one object per tag in tag order (`tag`, `paused`, `segments`, `bytes`,

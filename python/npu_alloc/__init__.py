@@ -91,6 +91,7 @@ def _load():
             "npu_alloc_empty_cache": ([], c_int),
             "npu_alloc_memory_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
             "npu_alloc_memory_saver_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
+            "npu_alloc_memory_saver_has_tag": ([c_char, ctypes.POINTER(ctypes.c_bool)], c_int),
             "npu_alloc_mem_get_info": ([c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_size)], c_int),
             "npu_alloc_set_per_process_memory_fraction": ([ctypes.c_double, c_int], c_int),
             "npu_alloc_set_allocator_settings": ([c_char], c_int),
@@ -378,18 +379,23 @@ class _MemorySaver:
     behave as upstream's (on the current device). ``hook_mode`` accepts upstream's values and
     changes nothing: npu-alloc is the allocator, there is nothing to hook. What npu-alloc does
     not offer (``cuda_graph``, ``get_cpu_backup``, ``memory_margin_bytes``) raises
-    ``NotImplementedError`` rather than doing something else silently."""
+    ``NotImplementedError`` rather than doing something else silently. As upstream, pausing or
+    resuming a tag no region was entered for does nothing (``npu_alloc.pause`` refuses it)."""
 
     enabled = True
 
     def region(self, tag="default", enable_cpu_backup=False):
         return region(tag, enable_cpu_backup)
 
+    # A tag no region was entered for: upstream does nothing (SGLang pauses and resumes its
+    # "cuda_graph" tag whether or not it has one); npu-alloc's own pause and resume refuse it.
     def pause(self, tag=None):
-        pause(tag)
+        if not tag or _has_tag(tag):
+            pause(tag)
 
     def resume(self, tag=None):
-        resume(tag)
+        if not tag or _has_tag(tag):
+            resume(tag)
 
     def disable(self):
         return disable()
@@ -418,6 +424,13 @@ class _MemorySaver:
     def get_cpu_backup(self, x):
         raise NotImplementedError("npu-alloc keeps no CPU backup after a resume "
                                   "(docs/memory-saver.md)")
+
+
+def _has_tag(tag):
+    """Whether a device opened so far knows memory-saver tag ``tag``."""
+    known = ctypes.c_bool()
+    _check(_load().npu_alloc_memory_saver_has_tag(_text(tag, "tag"), ctypes.byref(known)))
+    return known.value
 
 
 # Stands in for ``torch_memory_saver.torch_memory_saver``.

@@ -243,6 +243,13 @@ class MemorySaver(unittest.TestCase):
             tms.memory_margin_bytes = 1 << 30
         with self.assertRaises(NotImplementedError):
             tms.cuda_graph(None)
+        # A tag without a region: nothing happens, as upstream (SGLang's "cuda_graph" tag);
+        # npu-alloc's own pause refuses it.
+        tms.pause("cuda_graph")
+        tms.resume("cuda_graph")
+        with self.assertRaises(npu_alloc.NpuAllocError) as e:
+            npu_alloc.pause("cuda_graph")
+        self.assertIn("has no region", str(e.exception))
         with tms.region("singleton_tag"):
             p = npu_alloc.malloc(MIB)
             with tms.disable():

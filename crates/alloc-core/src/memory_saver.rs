@@ -466,6 +466,12 @@ impl<D: Device> Allocator<D> {
         }
     }
 
+    /// Whether a region of `tag` was ever entered on this device: whether `pause(Some(tag))`
+    /// can find it (else [`SaverError::UnknownTag`]).
+    pub fn has_saver_tag(&self, tag: &str) -> bool {
+        !self.tag_sets(tag).is_empty()
+    }
+
     /// The memory saver's figures.
     pub fn saver_stats(&self) -> SaverStats {
         let mut held = self.saver.held;

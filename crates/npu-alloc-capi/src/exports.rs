@@ -606,6 +606,30 @@ pub unsafe extern "C" fn npu_alloc_resume(tag: *const c_char) -> NpuAllocStatus 
     })
 }
 
+/// Whether any device opened so far knows memory-saver tag `tag` (a region of it was entered):
+/// `*known` is set. `npu_alloc_pause` and `npu_alloc_resume` of a tag no device knows are
+/// `Refused`; torch_memory_saver does nothing for one, and a stand-in for it asks here first.
+///
+/// # Safety
+/// `tag` is a NUL-terminated string; `known` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_memory_saver_has_tag(
+    tag: *const c_char,
+    known: *mut bool,
+) -> NpuAllocStatus {
+    status(|| {
+        if known.is_null() {
+            return Err(Fail::invalid("known is a null pointer"));
+        }
+        // SAFETY: forwarded from the caller's contract.
+        let tag = unsafe { text(tag, "tag") }?;
+        let found = runtime()?.has_saver_tag(tag);
+        // SAFETY: non-null, and writable by the caller's contract.
+        unsafe { *known = found };
+        Ok(())
+    })
+}
+
 /// The memory saver's figures on `device` as a JSON object, NUL-terminated, into `buf` (`len`
 /// bytes), as [`npu_alloc_memory_stats`]: `paused_bytes` and `held_bytes` (each `current` and
 /// `peak`) and `tags`, one object per tag in tag order (`tag`, `paused`, `segments`, `bytes`,

@@ -289,6 +289,16 @@ where
         }
     }
 
+    /// Whether any opened device knows memory-saver tag `tag` (a region of it was entered
+    /// there): whether [`Runtime::pause`] of it can answer anything but
+    /// [`SaverError::UnknownTag`].
+    pub fn has_saver_tag(&self, tag: &str) -> bool {
+        self.opened_all().any(|entry| match entry {
+            Entry::Caching(a) => a.with(|a| a.has_saver_tag(tag)),
+            Entry::Uncached(_) => false,
+        })
+    }
+
     /// The memory saver's figures on `device` (paused and held bytes, per tag and in total).
     pub fn memory_saver_stats(&self, device: u32) -> Result<SaverStats, RuntimeError<D::Error>> {
         Ok(match self.opened(device)? {

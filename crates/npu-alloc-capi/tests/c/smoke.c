@@ -164,6 +164,16 @@ int main(void) {
   CHECK(hook_calls == 2 && hook_devices == 3);
   CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Refused); /* already paused */
   CHECK(hook_calls == 4); /* the hook runs before the pause is judged */
+  bool known = false;
+  CHECK(npu_alloc_memory_saver_has_tag("kv", &known) == NpuAllocStatus_Ok && known);
+  CHECK(npu_alloc_memory_saver_has_tag("cuda_graph", &known) == NpuAllocStatus_Ok && !known);
+  CHECK(npu_alloc_memory_saver_has_tag("kv", NULL) == NpuAllocStatus_InvalidArgument);
+  /* The kv segment, paused: 2 MiB + 32 bytes is a large-pool request below 10 MiB, so a
+     20 MiB segment. */
+  char saver[512];
+  CHECK(npu_alloc_memory_saver_stats(0, saver, sizeof saver, &needed) == NpuAllocStatus_Ok);
+  CHECK(strstr(saver, "\"paused_bytes\":{\"current\":20971520,\"peak\":20971520}") != NULL);
+  CHECK(strstr(saver, "\"tag\":\"kv\",\"paused\":true,\"segments\":1,\"bytes\":20971520,") != NULL);
   CHECK(npu_alloc_resume(NULL) == NpuAllocStatus_Ok);
   npu_alloc_free(kv, 2 << 20, 0, NULL);
 
