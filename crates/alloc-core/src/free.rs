@@ -224,9 +224,10 @@ impl<D: Device> Allocator<D> {
     /// torch's `synchronize_and_free_events`: wait for the device, then every queued event is
     /// complete and every pending block returns to its pool.
     pub(crate) fn synchronize_and_free_events(&mut self) -> Result<(), D::Error> {
-        // Counted on entry, as torch does, even if the synchronization then fails.
-        self.stats.num_sync_all_streams += 1;
+        // The device's synchronization stands for torch_npu's `npuSynchronizeDevice`, which runs
+        // before `synchronize_and_free_events` and throws on failure: then nothing is counted.
         self.device.synchronize()?;
+        self.stats.num_sync_all_streams += 1;
         for (event, id) in self.events.take_all() {
             self.complete_event(event, id);
         }

@@ -10,6 +10,7 @@
 use alloc::vec::Vec;
 
 use crate::allocator::Allocator;
+use crate::block::BlockId;
 use crate::device::Device;
 use crate::size::PoolKind;
 
@@ -51,10 +52,23 @@ impl<D: Device> Allocator<D> {
         self.gc_limit.is_some()
     }
 
-    /// Whether GC would look for blocks to free now (reserved above its limit).
+    /// Whether GC would free something now: reserved above its limit and a candidate to free
+    /// (a pass then frees at least the oldest). Under a host queue, whether a miss must drain it
+    /// first: torch_npu synchronizes only once it has a candidate.
     pub(crate) fn gc_due(&self) -> bool {
         self.gc_limit
             .is_some_and(|limit| self.total_allocated > limit)
+            && self.gc_candidates().next().is_some()
+    }
+
+    /// What GC may release, with its age: the whole free segments of the default large pool
+    /// (torch looks at no other pool). Blocks of expandable segments are never released here
+    /// (as in CUDA; docs/deviations.md).
+    fn gc_candidates(&self) -> impl Iterator<Item = (BlockId, u64)> + '_ {
+        let pool = &self.pools[(0, PoolKind::Large)];
+        pool.iter()
+            .filter(|&id| self.is_whole_segment(id))
+            .map(|id| (id, pool.age(&self.blocks, id)))
     }
 
     /// Recomputes the cached GC limit after the fraction changed.
@@ -74,16 +88,11 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         let target = self.total_allocated - limit;
-        // torch looks at the default large pool only.
-        let pool = &self.pools[(0, PoolKind::Large)];
         let mut total_age = 0.0f64;
         let mut candidates = 0u64;
-        // Blocks of expandable segments are never released here (as in CUDA; docs/deviations.md).
-        for id in pool.iter() {
-            if self.is_whole_segment(id) {
-                total_age += pool.age(&self.blocks, id) as f64;
-                candidates += 1;
-            }
+        for (_, age) in self.gc_candidates() {
+            total_age += age as f64;
+            candidates += 1;
         }
         if candidates == 0 {
             return Ok(());
@@ -95,11 +104,8 @@ impl<D: Device> Allocator<D> {
             let threshold = total_age / candidates as f64;
             freed_any = false;
             // A whole pass in pool order; it is not cut short once the target is met.
-            let pool = &self.pools[(0, PoolKind::Large)];
-            let old: Vec<_> = pool
-                .iter()
-                .filter(|&id| self.is_whole_segment(id))
-                .map(|id| (id, pool.age(&self.blocks, id)))
+            let old: Vec<_> = self
+                .gc_candidates()
                 .filter(|&(_, age)| age as f64 >= threshold)
                 .collect();
             for (id, age) in old {

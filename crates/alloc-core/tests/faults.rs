@@ -169,11 +169,8 @@ fn a_synchronize_error_fails_empty_cache_and_releases_nothing() {
     a.device_mut()
         .fail_nth(DeviceCall::Synchronize, 1, Fault::Error(9));
     assert_eq!(a.empty_cache(), Err(injected(DeviceCall::Synchronize, 9)));
-    assert_eq!(
-        stat(&a, "num_sync_all_streams"),
-        1,
-        "counted on entry, as torch"
-    );
+    // torch_npu's npuSynchronizeDevice throws before synchronize_and_free_events counts.
+    assert_eq!(stat(&a, "num_sync_all_streams"), 0);
     assert_eq!(a.pending_events(), 1);
     assert_eq!(stat(&a, "reserved_bytes.all.current"), (12 * MIB) as i64);
     check_consistency(&a);

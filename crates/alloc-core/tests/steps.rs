@@ -259,6 +259,34 @@ fn with_a_host_queue_gc_waits_for_a_sync_and_without_one_does_not_run() {
     check_consistency(&a);
 }
 
+#[test]
+fn with_a_host_queue_gc_asks_for_no_sync_when_it_has_nothing_to_free() {
+    // torch_npu's sizes: 20 MiB + the 32-byte pad rounds to 20 MiB + 512 in a 22 MiB segment,
+    // whose remainder is split off and cached. Reserved (66 MiB) is above GC's limit (50 MiB),
+    // but no segment is whole and free, so torch_npu's garbage_collect_cached_blocks returns
+    // before it synchronizes, and the miss goes straight to the device.
+    let mut a = npu(200 * MIB, &conf("garbage_collection_threshold:0.25"));
+    a.set_host_queue(HostQueue::SyncFirst);
+    let live: Vec<u64> = (0..3).map(|_| a.malloc(20 * MIB, S0).unwrap()).collect();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (66 * MIB) as i64);
+    let (bytes, pending) = segment_request(a.begin_malloc(12 * MIB, S0));
+    assert_eq!(bytes, 14 * MIB);
+    let segment = a.device_mut().malloc(bytes);
+    let y = done(a.resume_malloc(pending, segment)).unwrap();
+    assert_eq!(a.device().synchronize_calls(), 0);
+    // Freed, y's segment is whole: the next miss asks for the sync first, and GC frees it.
+    a.free(y).unwrap();
+    let pending = sync_request(a.begin_malloc(30 * MIB, S0));
+    let (bytes, pending) = segment_request(a.resume_after_sync(pending, true));
+    assert_eq!((bytes, a.device().frees()), (32 * MIB, 1));
+    let segment = a.device_mut().malloc(bytes);
+    let z = done(a.resume_malloc(pending, segment)).unwrap();
+    for p in live.into_iter().chain([z]) {
+        a.free(p).unwrap();
+    }
+    check_consistency(&a);
+}
+
 /// With a host queue, the free of a block used on another stream stops before it records
 /// events (work still queued on the host would reach that stream after them): nothing changes
 /// until the caller has drained the queue and called `free_after_drain`. Other frees go on.
