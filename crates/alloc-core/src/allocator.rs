@@ -142,8 +142,9 @@ impl core::fmt::Display for Notice {
 /// The notices of one allocator: each kind at most once, so a fixed capacity of one slot per kind.
 type Notices = heapless::Vec<Notice, { Notice::KINDS }>;
 
-/// The most bytes all segments together may hold: the largest value of an i64 statistic.
-pub(crate) const MAX_RESERVE: u64 = i64::MAX as u64;
+/// The most bytes all segments together may hold: the largest value of an i64 statistic. A
+/// segment that would take the reserve past it is given back and the request runs out of memory.
+pub const MAX_RESERVE: u64 = i64::MAX as u64;
 
 /// What a request needs, computed once per `malloc`: torch's `AllocParams`.
 #[derive(Debug, Clone, Copy)]

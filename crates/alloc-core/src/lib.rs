@@ -42,7 +42,7 @@ mod stream_events;
 mod test_rng;
 
 pub use alloc_conf::AllocConf;
-pub use allocator::{Allocator, DeviceFacts, Flavour, Notice};
+pub use allocator::{Allocator, DeviceFacts, Flavour, MAX_RESERVE, Notice};
 pub use device::{Device, DeviceError, MemInfo, Stream, VmmError};
 pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory};
 pub use expandable::{ExpandableInfo, Held};

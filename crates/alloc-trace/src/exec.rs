@@ -468,7 +468,16 @@ pub struct Checks {
     sabotage: bool,
     fired_any: bool,
     misused: bool,
+    /// Operations since the last full structural check ([`FULL_CHECK_LIVE`]).
+    since_full: usize,
 }
+
+/// Live allocations up to which every operation ends with the full structural check (a
+/// snapshot of every block against the caller's view). Above it the check runs every
+/// ⌈live / this⌉ operations, and after the last one, so that a checked replay stays linear in
+/// the trace's length instead of quadratic; each operation's result and the counters are still
+/// checked at every operation.
+pub const FULL_CHECK_LIVE: usize = 1024;
 
 impl Checks {
     /// The checks with the test-only sabotage switch set: the first successful `free` after
@@ -861,7 +870,9 @@ impl Executor {
             }
             OpKind::Fault { call, nth, fault } => {
                 let device = self.alloc.device_mut();
-                let (pending, at) = (device.pending_faults(), device.calls(call) + nth.max(1));
+                // As the simulator counts it: an `nth` near 2^64 is due at no call.
+                let at = device.calls(call).saturating_add(nth.max(1));
+                let pending = device.pending_faults();
                 device.fail_nth(call, nth, fault);
                 let scheduled =
                     (device.pending_faults() > pending).then_some(Scheduled { call, at, fault });
@@ -1722,7 +1733,11 @@ impl Executor {
                 let capacity = self.alloc.device().capacity();
                 let device = self.alloc.device();
                 let reserved = device.outstanding_bytes() + device.page_bytes();
-                let free = (!message_lost_mem_info).then_some(capacity - reserved);
+                // What the device reports free, and must fit a new segment in, leaves out
+                // the memory the process holds outside the allocator (`device_overhead`).
+                let overhead = device.device_overhead();
+                let used = reserved.saturating_add(overhead);
+                let free = (!message_lost_mem_info).then_some(capacity.saturating_sub(used));
                 if oom.free != free || oom.total != Some(capacity) {
                     return Err(broken(
                         Rule::UnexpectedResult,
@@ -1736,7 +1751,7 @@ impl Executor {
                 // Legitimate only if the last device malloc really could not fit, or the fraction
                 // limit refused it; an injected out-of-memory explains it too, an injected error
                 // in the last device malloc only if the fraction then refused the last attempt.
-                let need = reserved.saturating_add(oom.alloc_size);
+                let need = used.saturating_add(oom.alloc_size);
                 let full = if self.alloc.conf().expandable_segments {
                     // Pages are mapped on demand: memory ran out if the device lacks the pages
                     // the request could need (its pages, plus one for a sliver it may not use).
@@ -1747,16 +1762,16 @@ impl Executor {
                         conf.page_size.unwrap_or(conf.segment_size)
                     };
                     let pages = oom.alloc_size.div_ceil(page).saturating_add(1);
-                    reserved.saturating_add(pages.saturating_mul(page)) > capacity
+                    used.saturating_add(pages.saturating_mul(page)) > capacity
                 } else {
                     need > capacity
                 };
                 // The limit counts torch's reserved bytes, paused ones included.
                 let counted = self.alloc.memory_reserved();
-                let limited = self
-                    .alloc
-                    .allowed_memory()
-                    .is_some_and(|a| counted.saturating_add(oom.alloc_size) > a);
+                let wanted = counted.saturating_add(oom.alloc_size);
+                // The reserve stops at i64::MAX bytes, a limit of its own.
+                let limited = wanted > alloc_core::MAX_RESERVE
+                    || self.alloc.allowed_memory().is_some_and(|a| wanted > a);
                 if last_error.is_some() && !limited {
                     return Err(broken(
                         Rule::UnexpectedResult,
@@ -1986,16 +2001,16 @@ impl Executor {
         }
     }
 
-    /// Every invariant, the caller's view, and the counters the executor can recount.
+    /// Every invariant, the caller's view, and the counters the executor can recount. The
+    /// structural part runs on the schedule of [`FULL_CHECK_LIVE`].
     fn check_invariants(&mut self) -> Result<(), CheckError> {
+        let c = self.checks.as_deref_mut().expect("only called with checks");
+        c.since_full += 1;
+        let live = c.by_addr.len();
+        if live <= FULL_CHECK_LIVE || c.since_full.saturating_mul(FULL_CHECK_LIVE) >= live {
+            self.check_structure()?;
+        }
         let c = self.checks.as_deref().expect("only called with checks");
-        check_allocations(
-            &self.alloc,
-            c.by_addr
-                .iter()
-                .map(|(&addr, &requested)| (addr, requested)),
-        )
-        .map_err(CheckError::Inconsistent)?;
         let s = self.alloc.stats();
         let d = self.alloc.device();
         for (name, got, want) in [
@@ -2038,6 +2053,28 @@ impl Executor {
             }
         }
         Ok(())
+    }
+
+    /// The full structural check: every block of a snapshot against the caller's view.
+    fn check_structure(&mut self) -> Result<(), CheckError> {
+        let c = self.checks.as_deref_mut().expect("only called with checks");
+        c.since_full = 0;
+        check_allocations(
+            &self.alloc,
+            c.by_addr
+                .iter()
+                .map(|(&addr, &requested)| (addr, requested)),
+        )
+        .map_err(CheckError::Inconsistent)
+    }
+
+    /// With checks, the structural check if the last operations passed it over
+    /// ([`FULL_CHECK_LIVE`]); a run's last step.
+    pub fn check_the_rest(&mut self) -> Result<(), ExecError> {
+        match self.checks.as_deref() {
+            Some(c) if c.since_full > 0 => self.check_structure().map_err(ExecError::Check),
+            _ => Ok(()),
+        }
     }
 
     /// The report of the run so far.
@@ -2159,6 +2196,15 @@ fn run_ops(
         })?;
         watch.after(i, &exec);
     }
+    exec.check_the_rest().map_err(|error| {
+        let index = trace.ops.len().saturating_sub(1);
+        Box::new(Failure {
+            file: trace.file.clone(),
+            index,
+            line: trace.ops.get(index).map_or(0, |op| op.line),
+            error,
+        })
+    })?;
     watch.end(&exec);
     Ok(exec.finish(setup))
 }
@@ -2220,6 +2266,62 @@ mod tests {
             id: id.into(),
             freed_at,
         })
+    }
+
+    /// `text` replayed with checks: its report, or the failure's message.
+    fn checked(text: &str) -> Result<Report, String> {
+        let trace = parse_str("t.trace", text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        run(&trace, &setup, Some(Checks::default())).map_err(|f| f.to_string())
+    }
+
+    #[test]
+    fn a_fault_due_past_the_last_call_is_never_due() {
+        // The checks' model of when a fault fires saturates, as the simulator does.
+        let r = checked("alloc a 1\nfault malloc 18446744073709551615 oom\nalloc b 30M\ndrain\n")
+            .unwrap();
+        assert_eq!((r.counts.faults_scheduled, r.counts.faults_fired), (1, 0));
+    }
+
+    #[test]
+    fn out_of_memory_is_judged_with_the_device_overhead() {
+        // 100 MiB less 50 MiB held outside the allocator: 40 MiB fit, 20 more do not, and the
+        // device reports 10 MiB free.
+        let text = "capacity 100M\ndevice_overhead 50M\npad 0\nalloc a 40M\nalloc b 20M\n";
+        assert_eq!(checked(text).unwrap().counts.ooms, 1);
+        // With the free memory lost to a failed mem_info, too.
+        let text = "capacity 100M\ndevice_overhead 50M\npad 0\nalloc a 40M\n\
+                    fault mem_info 1 oom\nalloc b 20M\n";
+        assert_eq!(checked(text).unwrap().counts.ooms, 1);
+        // The reserve stops at i64::MAX bytes on a device larger than that.
+        let mut text = String::from("capacity 18446744073709551615\n");
+        for i in 0..9 {
+            text += &format!("alloc a{i} 1152921504606846975\n");
+        }
+        assert_eq!(checked(&text).unwrap().counts.ooms, 2);
+    }
+
+    #[test]
+    fn with_many_live_allocations_the_structure_is_checked_at_the_end() {
+        let live = 3 * FULL_CHECK_LIVE;
+        let text: String = (0..live).map(|i| format!("alloc a{i} 4096\n")).collect();
+        let trace = parse_str("t.trace", &text).unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        let mut exec = Executor::checked(&trace, &setup, Checks::default());
+        for op in &trace.ops {
+            exec.step(op).unwrap();
+        }
+        // The last operation, at 3072 live, passed the snapshot over (every third one runs it).
+        let c = exec.checks.as_deref_mut().unwrap();
+        assert_eq!(c.since_full, 1);
+        // So a view the allocator does not share is caught only by the run's last check.
+        c.by_addr.insert(1 << 40, 4096);
+        assert!(matches!(
+            exec.check_the_rest(),
+            Err(ExecError::Check(CheckError::Inconsistent(
+                Inconsistency::NotAllocated { .. }
+            )))
+        ));
     }
 
     #[test]

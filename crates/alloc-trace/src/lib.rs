@@ -20,8 +20,8 @@ pub mod workload;
 mod write;
 
 pub use exec::{
-    CheckError, Checks, ExecError, Executor, Failure, IdError, OpCounts, Report, Rule, Setup,
-    StatsRecord,
+    CheckError, Checks, ExecError, Executor, FULL_CHECK_LIVE, Failure, IdError, OpCounts, Report,
+    Rule, Setup, StatsRecord,
 };
 pub use import::{ImportError, ImportOptions, ImportSummary, Imported, LeftOut, import_snapshot};
 pub use observe::{EndState, Observe, Observed, Point, replay_observed};

@@ -19,6 +19,9 @@ const DEFAULT_HISTORY: usize = 100_000;
 
 /// Traces with at least this many operations show progress on a terminal.
 const PROGRESS_FROM: usize = 200_000;
+/// The same with `--check`, which spends up to about a thousand blocks' worth of checking on
+/// each operation.
+const PROGRESS_FROM_CHECKED: usize = 10_000;
 
 /// Arguments of `npu-alloc replay`.
 #[derive(clap::Args)]
@@ -42,7 +45,9 @@ pub(crate) struct Args {
     #[arg(long, value_parser = crate::stress::parse_flavour)]
     flavour: Option<alloc_core::Flavour>,
     /// Judge every operation's result and check every invariant after it (what `stress` does);
-    /// the first failure is printed and the exit code is 1.
+    /// the first failure is printed and the exit code is 1. Above 1,024 live allocations the
+    /// snapshot of every block is compared with the replay's own view every ⌈live / 1,024⌉
+    /// operations and after the last, so that the run stays linear in the trace's length.
     #[arg(long)]
     check: bool,
     /// Test-only: break a check on purpose (see `stress --sabotage`).
@@ -55,7 +60,8 @@ pub(crate) struct Args {
     /// that PyTorch's memory_viz reads); the time of each entry is its operation's index.
     #[arg(long, value_name = "OUT.pickle")]
     snapshot: Option<PathBuf>,
-    /// The history entries `--snapshot` keeps (torch's `max_entries`; the oldest are dropped).
+    /// The history entries `--snapshot` keeps (torch's `max_entries`, at least 1 as in torch;
+    /// the oldest are dropped).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_HISTORY, requires = "snapshot")]
     history_entries: usize,
 }
@@ -91,7 +97,12 @@ pub(crate) fn run(args: Args) -> ExitCode {
     } else {
         args.confs.iter().map(String::as_str).collect()
     };
-    let progress = Progress::new(trace.ops.len(), confs.len());
+    let from = if args.check {
+        PROGRESS_FROM_CHECKED
+    } else {
+        PROGRESS_FROM
+    };
+    let progress = Progress::new(trace.ops.len(), confs.len(), from);
     let mut runs = Vec::with_capacity(confs.len());
     for (i, &conf) in confs.iter().enumerate() {
         if i > 0 && !args.json {
@@ -238,8 +249,9 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(ops: usize, runs: usize) -> Progress {
-        let bar = (ops >= PROGRESS_FROM && std::io::stderr().is_terminal()).then(|| {
+    /// A bar for `runs` replays of `ops` operations each, if `ops` reaches `from`.
+    fn new(ops: usize, runs: usize, from: usize) -> Progress {
+        let bar = (ops >= from && std::io::stderr().is_terminal()).then(|| {
             let bar = indicatif::ProgressBar::new((ops * runs) as u64);
             bar.set_style(
                 indicatif::ProgressStyle::with_template(

@@ -35,8 +35,9 @@ pub(crate) struct Args {
     /// Whose allocator to recommend for: npu-alloc, or torch_npu (only what it treats alike).
     #[arg(long, default_value = "npu-alloc", value_parser = parse_target)]
     target: Target,
-    /// Stop after this many seconds; the answer then depends on the machine's speed.
-    #[arg(long)]
+    /// Stop after this many seconds (more than 0); the answer then depends on the machine's
+    /// speed.
+    #[arg(long, value_parser = parse_seconds)]
     max_seconds: Option<f64>,
     /// Worker threads, 1 to 1024 (default: one per core); the answer is the same for any number.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=MAX_THREADS as i64))]
@@ -64,6 +65,14 @@ fn parse_evals(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("at least 1 (the defaults are always replayed)".into()),
         Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t.is_finite() && t > 0.0 => Ok(t),
+        Ok(_) => Err("a finite number of seconds above 0".into()),
         Err(e) => Err(e.to_string()),
     }
 }

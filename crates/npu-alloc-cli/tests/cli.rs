@@ -427,13 +427,16 @@ fn tune_prints_a_recommendation_that_replays_to_its_numbers_and_parses_strictly(
         format!("PYTORCH_NPU_ALLOC_CONF={conf}").as_str()
     );
     assert_eq!(v["evals"], 500);
-    // A key tune does not search is a malformed command line, and so are no evaluations and
-    // more threads than `--threads` takes.
+    // A key tune does not search is a malformed command line, and so are no evaluations, more
+    // threads than `--threads` takes and a time limit that is not a positive number.
     for args in [
         ["--keys", "bogus"],
         ["--evals", "0"],
         ["--threads", "0"],
         ["--threads", "5000"],
+        ["--max-seconds", "NaN"],
+        ["--max-seconds", "-1"],
+        ["--max-seconds", "0"],
     ] {
         let o = npu_alloc(&["tune", &fragment, args[0], args[1]]);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
