@@ -264,8 +264,19 @@ enum NpuAllocStatus npu_alloc_mem_pool_create(int device, uint64_t *id);
 
 /**
  * `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
+ * A pool id `device` does not know gets a pool of its own there, freeable once the scope ends
+ * (torch's `beginAllocateToPool`); a pool a scope already allocates to is `Refused`.
  */
 enum NpuAllocStatus npu_alloc_mem_pool_begin(int device, uint64_t id);
+
+/**
+ * `MemPool.use_count()`: `*count` gets the holders of pool `id` on `device` (the pool object and
+ * each scope allocating to it); an unknown pool is `Refused`.
+ *
+ * # Safety
+ * `count` is a writable `uint32_t`.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_use_count(int device, uint64_t id, uint32_t *count);
 
 /**
  * `use_mem_pool(pool).__exit__()`.

@@ -100,6 +100,8 @@ def _load():
             "npu_alloc_mem_pool_create": ([c_int, ctypes.POINTER(ctypes.c_uint64)], c_int),
             "npu_alloc_mem_pool_begin": ([c_int, ctypes.c_uint64], c_int),
             "npu_alloc_mem_pool_end": ([c_int, ctypes.c_uint64], c_int),
+            "npu_alloc_mem_pool_use_count": ([c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32)],
+                                             c_int),
             "npu_alloc_mem_pool_release": ([c_int, ctypes.c_uint64], c_int),
             "npu_alloc_region_begin": ([c_int, c_char, ctypes.c_bool], c_int),
             "npu_alloc_region_end": ([c_int], c_int),
@@ -308,10 +310,29 @@ class MemPool:
             _check(_load().npu_alloc_mem_pool_release(self.device, self.id[1]))
             self._released = True
 
+    def use_count(self):
+        """torch's ``MemPool.use_count()``: the pool object (until released) and each scope
+        allocating to it."""
+        count = ctypes.c_uint32()
+        _check(_load().npu_alloc_mem_pool_use_count(self.device, self.id[1],
+                                                     ctypes.byref(count)))
+        return count.value
+
+    def __del__(self):
+        # torch releases a MemPool when it is collected; a failure cannot be raised from here.
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - at interpreter exit, or a failing hook
+            pass
+
 
 @contextlib.contextmanager
 def use_mem_pool(pool):
-    """Allocations of this thread on the pool's device come from ``pool`` inside the block."""
+    """Allocations of this thread on the pool's device come from ``pool`` inside the block. A
+    pool already in use by a scope (of any thread) cannot be entered again, as in torch, and a
+    released one not at all."""
+    if pool._released:
+        raise NpuAllocError(f"private pool {pool.id} was released", _REFUSED)
     _check(_load().npu_alloc_mem_pool_begin(pool.device, pool.id[1]))
     try:
         yield pool

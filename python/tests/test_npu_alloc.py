@@ -282,6 +282,36 @@ class MemorySaver(unittest.TestCase):
         npu_alloc.free(p)
 
 
+class Pools(unittest.TestCase):
+    def test_pools_are_numbered_per_process_and_entered_once(self):
+        # torch numbers MemPools with one counter per process, whatever their device.
+        a, b = npu_alloc.MemPool(0), npu_alloc.MemPool(1)
+        self.assertEqual(b.id[1], a.id[1] + 1)
+        self.assertEqual(a.use_count(), 1)
+        with npu_alloc.use_mem_pool(a):
+            self.assertEqual(a.use_count(), 2)
+            # torch: "beginAllocateToPool: already recording to mempool_id".
+            with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                with npu_alloc.use_mem_pool(a):
+                    pass
+            self.assertIn("already allocating", str(e.exception))
+            self.assertEqual(a.use_count(), 2)
+            # Another pool nests.
+            with npu_alloc.use_mem_pool(b):
+                self.assertEqual(b.use_count(), 2)
+        self.assertEqual((a.use_count(), b.use_count()), (1, 1))
+        a.release()
+        with self.assertRaises(npu_alloc.NpuAllocError):
+            a.use_count()
+        # Kept to the end: releasing it would empty its cache, a synchronization that device
+        # 1's stats, compared with the Rust API's in Stats, do not expect.
+        _KEPT.append(b)
+
+
+# Objects kept alive until the process exits.
+_KEPT = []
+
+
 @needs_fake
 class Streams(unittest.TestCase):
     def test_erase_stream_undoes_record_stream(self):

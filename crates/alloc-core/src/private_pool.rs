@@ -9,16 +9,19 @@
 //! holds no segment it is forgotten. Its memory counts in the device's stats like any other.
 
 use alloc::string::String;
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 use core::fmt;
 use core::ops::{Index, IndexMut};
+use core::sync::atomic::{AtomicU64, Ordering};
 
 use crate::pool::BlockPool;
 use crate::size::PoolKind;
 
 /// torch's `MempoolId_t`: `(0, 0)` names the device's default pools; a pool made by
 /// [`crate::Allocator::create_pool`] is `(0, n)` with n counting from 1, as torch numbers
-/// user-created pools.
+/// user-created pools (across the devices that share their count,
+/// [`crate::Allocator::share_pool_ids`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct PoolId(pub u64, pub u64);
 
@@ -54,6 +57,11 @@ pub enum PoolError {
     TooMany,
     /// A memory-saver pool needs virtual memory, which the device does not have.
     NoVirtualMemory,
+    /// A scope is already allocating to this pool on this device (torch's "already recording
+    /// to mempool_id").
+    AlreadyEntered(PoolId),
+    /// No scope is allocating to this pool on this device.
+    NotEntered(PoolId),
 }
 
 impl fmt::Display for PoolError {
@@ -71,6 +79,17 @@ impl fmt::Display for PoolError {
             }
             PoolError::Default => f.write_str("the default pool (0, 0) is not a private pool"),
             PoolError::TooMany => f.write_str("too many private pools alive on this device"),
+            PoolError::AlreadyEntered(id) => write!(
+                f,
+                "a scope is already allocating to private pool {id} on this device \
+                 (torch: beginAllocateToPool: already recording to mempool_id)"
+            ),
+            PoolError::NotEntered(id) => {
+                write!(
+                    f,
+                    "no scope is allocating to private pool {id} on this device"
+                )
+            }
             PoolError::NoVirtualMemory => f.write_str(
                 "the memory saver needs virtual memory (aclrtReserveMemAddress and friends), \
                  which the device does not have",
@@ -100,6 +119,8 @@ pub(crate) struct PrivatePool<S> {
     pub(crate) use_count: u32,
     /// Segments (device segments and expandable ranges) it holds (torch's `npuMalloc_count`).
     pub(crate) segments: u32,
+    /// Whether a scope allocates to it ([`crate::Allocator::enter_pool`]).
+    pub(crate) entered: bool,
     /// Set for a memory-saver pool.
     pub(crate) saver: Option<SaverTag>,
 }
@@ -113,8 +134,10 @@ pub(crate) type PoolSet = u16;
 pub(crate) struct Pools<S> {
     default: [BlockPool<S>; 2],
     pub(crate) private: Vec<Option<PrivatePool<S>>>,
-    /// The next user pool number.
+    /// The next user pool number, unless `shared_ids` numbers them.
     pub(crate) next_user: u64,
+    /// The pool numbers shared with other devices' allocators.
+    shared_ids: Option<Arc<AtomicU64>>,
 }
 
 impl<S> Default for Pools<S> {
@@ -123,6 +146,7 @@ impl<S> Default for Pools<S> {
             default: [BlockPool::default(), BlockPool::default()],
             private: Vec::new(),
             next_user: 1,
+            shared_ids: None,
         }
     }
 }
@@ -250,18 +274,86 @@ impl<D: crate::Device> crate::Allocator<D> {
         self.add_pool(None)
     }
 
+    /// Numbers this allocator's new pools from `ids`, which other devices' allocators share, so
+    /// that a pool id names one pool in the process, as torch's `MemPool` ids do (one counter
+    /// per process). Without it each allocator counts from 1.
+    pub fn share_pool_ids(&mut self, ids: Arc<AtomicU64>) {
+        self.pools.shared_ids = Some(ids);
+    }
+
     /// Adds a private pool (a memory-saver one with `saver`) with use count 1.
     pub(crate) fn add_pool(&mut self, saver: Option<SaverTag>) -> Result<PoolId, PoolError> {
-        let id = PoolId(0, self.pools.next_user);
+        let id = loop {
+            let n = match &self.pools.shared_ids {
+                Some(ids) => ids.fetch_add(1, Ordering::Relaxed),
+                None => {
+                    self.pools.next_user += 1;
+                    self.pools.next_user - 1
+                }
+            };
+            // An id a scope made a pool for ([`Allocator::enter_pool`]) is not handed out again.
+            let id = PoolId(0, n);
+            if self.pools.set_of(id).is_none() {
+                break id;
+            }
+        };
+        self.add_pool_as(id, saver)?;
+        Ok(id)
+    }
+
+    /// Adds private pool `id` with use count 1.
+    fn add_pool_as(&mut self, id: PoolId, saver: Option<SaverTag>) -> Result<PoolSet, PoolError> {
         self.pools.add(PrivatePool {
             id,
             pools: [BlockPool::default(), BlockPool::default()],
             use_count: 1,
             segments: 0,
+            entered: false,
             saver,
-        })?;
-        self.pools.next_user += 1;
-        Ok(id)
+        })
+    }
+
+    /// torch's `beginAllocateToPool` (`create_or_incref_pool` and its check): a scope starts
+    /// allocating to pool `id`, holding it. A pool this device does not know is made for the
+    /// scope (use count 1, so freeable once the scope ends), as torch makes one for a pool
+    /// created on another device or an id from `graph_pool_handle`. A pool a scope already
+    /// allocates to is refused ([`PoolError::AlreadyEntered`]; torch refuses too, after taking
+    /// a hold it never gives back), and so is a pool whose use count reached 0.
+    pub fn enter_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
+        if id.is_default() {
+            return Err(PoolError::Default);
+        }
+        let Some(set) = self.pools.set_of(id) else {
+            let set = self.add_pool_as(id, None)?;
+            self.pools.private_mut(set).expect("just added").entered = true;
+            return Ok(());
+        };
+        let pool = self.pools.private_mut(set).expect("a live set");
+        if pool.use_count == 0 {
+            return Err(PoolError::Released(id));
+        }
+        if pool.entered {
+            return Err(PoolError::AlreadyEntered(id));
+        }
+        pool.entered = true;
+        pool.use_count += 1;
+        Ok(())
+    }
+
+    /// torch's `endAllocateToPool` and `releasePool`: the scope of [`Allocator::enter_pool`]
+    /// ends and drops its hold.
+    pub fn leave_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
+        let pool = self.private_pool_mut(id)?;
+        if !pool.entered {
+            return Err(PoolError::NotEntered(id));
+        }
+        pool.entered = false;
+        // Released more often than held meanwhile (`release_pool`): the scope's hold is gone.
+        pool.use_count = pool
+            .use_count
+            .checked_sub(1)
+            .ok_or(PoolError::OverReleased(id))?;
+        Ok(())
     }
 
     /// The live private pool `id`, mutably.

@@ -129,6 +129,60 @@ fn use_counts_follow_torch_and_misuse_is_a_typed_error() {
     assert_eq!(a.device().calls(DeviceCall::Malloc), 0);
 }
 
+/// torch_npu's `beginAllocateToPool`: `create_or_incref_pool`, then "already recording to
+/// mempool_id" for a pool a scope allocates to.
+#[test]
+fn entering_a_pool_holds_it_once_and_makes_a_pool_for_an_unknown_id() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    a.enter_pool(pool).unwrap();
+    assert_eq!(a.pool_use_count(pool), Ok(2));
+    // Refused, and unlike torch the refusal takes no hold.
+    assert_eq!(a.enter_pool(pool), Err(PoolError::AlreadyEntered(pool)));
+    assert_eq!(a.pool_use_count(pool), Ok(2));
+    a.leave_pool(pool).unwrap();
+    assert_eq!(a.leave_pool(pool), Err(PoolError::NotEntered(pool)));
+    assert_eq!(a.pool_use_count(pool), Ok(1));
+    // An id this device does not know (another device's pool, torch's graph_pool_handle):
+    // a pool of its own, held by the scope alone.
+    let other = PoolId(0, 7);
+    a.enter_pool(other).unwrap();
+    assert_eq!(a.pool_use_count(other), Ok(1));
+    let x = a.malloc_in(30 * MIB, S0, other).unwrap();
+    a.leave_pool(other).unwrap();
+    a.free(x).unwrap();
+    // Freeable once its scope ended: emptied and forgotten.
+    a.empty_cache().unwrap();
+    assert_eq!(a.pool_use_count(other), Err(PoolError::Unknown(other)));
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    // A released pool cannot be entered (torch asserts), nor the default pools.
+    a.release_pool(pool).unwrap();
+    let y = a.malloc_in(1000, S0, pool);
+    assert_eq!(y, Err(AllocError::Pool(PoolError::Released(pool))));
+    assert_eq!(a.enter_pool(pool), Err(PoolError::Released(pool)));
+    assert_eq!(a.enter_pool(PoolId::DEFAULT), Err(PoolError::Default));
+    // A new pool never takes the number of a pool a scope made.
+    let mut b = cuda(GIB, &AllocConf::default());
+    b.enter_pool(PoolId(0, 1)).unwrap();
+    assert_eq!(b.create_pool(), Ok(PoolId(0, 2)));
+    check_consistency(&a);
+}
+
+#[test]
+fn allocators_sharing_pool_ids_number_their_pools_as_one_process() {
+    let ids = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(1));
+    let (mut d0, mut d1) = (
+        cuda(GIB, &AllocConf::default()),
+        cuda(GIB, &AllocConf::default()),
+    );
+    d0.share_pool_ids(ids.clone());
+    d1.share_pool_ids(ids);
+    assert_eq!(d0.create_pool(), Ok(PoolId(0, 1)));
+    assert_eq!(d1.create_pool(), Ok(PoolId(0, 2)));
+    assert_eq!(d0.saver_pool("kv", false), Ok(PoolId(0, 3)));
+    assert_eq!(d0.create_pool(), Ok(PoolId(0, 4)));
+}
+
 #[test]
 fn the_oom_retry_frees_freeable_pools_but_not_held_ones() {
     // 64 MiB: a held pool's free 30 MiB and a released pool's free 30 MiB; a 30 MiB default

@@ -1102,7 +1102,7 @@ impl Executor {
             }
             PoolOp::Use(name) => {
                 let id = self.pool_names[held(self, name)?].1;
-                self.alloc.retain_pool(id).map_err(refused)?;
+                self.alloc.enter_pool(id).map_err(refused)?;
                 self.scopes.push((false, id));
             }
             PoolOp::End => self.end_scope(false)?,
@@ -1124,9 +1124,12 @@ impl Executor {
         match self.scopes.last() {
             Some(&(r, id)) if r == region => {
                 self.scopes.pop();
-                self.alloc
-                    .release_pool(id)
-                    .map_err(|e| ExecError::Scope(ScopeError::Refused(e)))
+                let left = if region {
+                    self.alloc.release_pool(id)
+                } else {
+                    self.alloc.leave_pool(id)
+                };
+                left.map_err(|e| ExecError::Scope(ScopeError::Refused(e)))
             }
             _ => Err(ExecError::Scope(ScopeError::NotOpen(keyword))),
         }

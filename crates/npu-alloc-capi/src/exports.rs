@@ -521,9 +521,33 @@ pub unsafe extern "C" fn npu_alloc_mem_pool_create(device: c_int, id: *mut u64) 
 }
 
 /// `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
+/// A pool id `device` does not know gets a pool of its own there, freeable once the scope ends
+/// (torch's `beginAllocateToPool`); a pool a scope already allocates to is `Refused`.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_mem_pool_begin(device: c_int, id: u64) -> NpuAllocStatus {
     status_keeping_device(|| Ok(runtime()?.begin_use_pool(self::device(device)?, PoolId(0, id))?))
+}
+
+/// `MemPool.use_count()`: `*count` gets the holders of pool `id` on `device` (the pool object and
+/// each scope allocating to it); an unknown pool is `Refused`.
+///
+/// # Safety
+/// `count` is a writable `uint32_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_mem_pool_use_count(
+    device: c_int,
+    id: u64,
+    count: *mut u32,
+) -> NpuAllocStatus {
+    status(|| {
+        if count.is_null() {
+            return Err(Fail::invalid("mem_pool_use_count: null count"));
+        }
+        let n = runtime()?.pool_use_count(self::device(device)?, PoolId(0, id))?;
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *count = n };
+        Ok(())
+    })
 }
 
 /// `use_mem_pool(pool).__exit__()`.

@@ -128,6 +128,10 @@ pub struct Runtime<D: Device> {
     /// Scopes of this runtime open on any thread: while there are none, a malloc skips the
     /// thread-local lookup.
     pub(crate) open_scopes: AtomicU64,
+    /// The next private pool number, for every device: a pool id names one pool in the process,
+    /// as torch's `MemPool` ids do.
+    // std's, not the loom shim's: the allocators share it as plain data (a relaxed counter).
+    pool_ids: std::sync::Arc<core::sync::atomic::AtomicU64>,
 }
 
 impl<D> Runtime<D>
@@ -155,6 +159,7 @@ where
             host: Mutex::new((alloc_core::HostQueue::None, Default::default())),
             id: crate::scope::next_runtime_id(),
             open_scopes: AtomicU64::new(0),
+            pool_ids: std::sync::Arc::new(core::sync::atomic::AtomicU64::new(1)),
         }
     }
 
@@ -205,6 +210,7 @@ where
                 // configuration (its memory fraction and `max_split_size` stat come from there),
                 // then given the run-time settings so far.
                 let a = DeviceAllocator::new(dev.clone(), facts, &self.config.alloc);
+                a.with(|a| a.share_pool_ids(self.pool_ids.clone()));
                 a.catch_up(&settings.1);
                 if history.is_some() {
                     a.set_history(*history);

@@ -157,7 +157,7 @@ where
     /// `beginAllocateToPool` for the current thread), holding the pool until
     /// [`Runtime::end_use_pool`].
     pub fn begin_use_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
-        self.caching(device)?.with(|a| a.retain_pool(pool))?;
+        self.caching(device)?.with(|a| a.enter_pool(pool))?;
         push(
             &self.open_scopes,
             Scope {
@@ -179,7 +179,7 @@ where
         if !found {
             return Err(RuntimeError::ScopeNotOpen);
         }
-        Ok(self.caching(device)?.with(|a| a.release_pool(pool))?)
+        Ok(self.caching(device)?.with(|a| a.leave_pool(pool))?)
     }
 
     /// torch_memory_saver's `region(tag, enable_cpu_backup)` on `device`: until the guard drops,

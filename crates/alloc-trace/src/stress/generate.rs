@@ -73,8 +73,9 @@ pub(crate) struct Generator {
     pos: HashMap<IdRef, usize>,
     /// Recently freed allocations, newest first.
     freed: VecDeque<IdRef>,
-    /// Open scopes, innermost last: `true` for a memory-saver region, `false` for a pool.
-    scopes: Vec<bool>,
+    /// Open scopes, innermost last: `None` for a memory-saver region, a pool's name for a pool
+    /// scope (a pool in scope is not entered again: torch refuses that).
+    scopes: Vec<Option<String>>,
     /// Pools created, by name, with whether the run still holds them.
     pools: Vec<(String, bool)>,
 }
@@ -119,8 +120,8 @@ impl Generator {
                     p.1 = false;
                 }
             }
-            OpKind::Region { .. } => self.scopes.push(true),
-            OpKind::Pool(PoolOp::Use(_)) => self.scopes.push(false),
+            OpKind::Region { .. } => self.scopes.push(None),
+            OpKind::Pool(PoolOp::Use(ref name)) => self.scopes.push(Some(name.clone())),
             OpKind::EndRegion | OpKind::Pool(PoolOp::End) => {
                 self.scopes.pop();
             }
@@ -143,6 +144,11 @@ impl Generator {
             .filter(|p| p.1)
             .map(|p| p.0.as_str())
             .collect();
+        let enterable: Vec<&str> = held
+            .iter()
+            .copied()
+            .filter(|&p| !self.scopes.iter().any(|s| s.as_deref() == Some(p)))
+            .collect();
         let shallow = self.scopes.len() < MAX_DEPTH;
         Some(match r.below(10) {
             0 | 1 if shallow => {
@@ -152,10 +158,12 @@ impl Generator {
                     cpu_backup,
                 }
             }
-            2 | 3 if self.scopes.last() == Some(&true) => OpKind::EndRegion,
-            2 | 3 if self.scopes.last() == Some(&false) => OpKind::Pool(PoolOp::End),
+            2 | 3 if matches!(self.scopes.last(), Some(None)) => OpKind::EndRegion,
+            2 | 3 if matches!(self.scopes.last(), Some(Some(_))) => OpKind::Pool(PoolOp::End),
             4 if held.len() < 4 => OpKind::Pool(PoolOp::Create(format!("p{}", self.pools.len()))),
-            5 if shallow && !held.is_empty() => OpKind::Pool(PoolOp::Use(r.pick(&held).to_owned())),
+            5 if shallow && !enterable.is_empty() => {
+                OpKind::Pool(PoolOp::Use(r.pick(&enterable).to_owned()))
+            }
             6 if !held.is_empty() => OpKind::Pool(PoolOp::Release(r.pick(&held).to_owned())),
             7 => OpKind::Pause(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
             8 => OpKind::Resume(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
