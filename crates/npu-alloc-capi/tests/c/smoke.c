@@ -147,6 +147,11 @@ int main(void) {
   CHECK(npu_alloc_mem_pool_create(0, &pool) == NpuAllocStatus_Ok);
   CHECK(pool == 1);
   CHECK(npu_alloc_mem_pool_begin(0, pool) == NpuAllocStatus_Ok);
+  /* The pool object and the scope; a second scope of the same pool is refused, as in torch. */
+  uint32_t holders = 0;
+  CHECK(npu_alloc_mem_pool_use_count(0, pool, &holders) == NpuAllocStatus_Ok && holders == 2);
+  CHECK(npu_alloc_mem_pool_begin(0, pool) == NpuAllocStatus_Refused);
+  CHECK(npu_alloc_mem_pool_use_count(0, pool, NULL) == NpuAllocStatus_InvalidArgument);
   void *p = npu_alloc_malloc(4096, 0, NULL);
   CHECK(p != NULL);
   CHECK(npu_alloc_mem_pool_end(0, pool) == NpuAllocStatus_Ok);
