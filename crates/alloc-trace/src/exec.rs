@@ -470,11 +470,14 @@ pub struct Checks {
     misused: bool,
     /// Operations since the last full structural check ([`FULL_CHECK_LIVE`]).
     since_full: usize,
+    /// The trace's operations when the run started: the last one always runs the full check.
+    ops: u64,
 }
 
 /// Live allocations up to which every operation ends with the full structural check (a
 /// snapshot of every block against the caller's view). Above it the check runs every
-/// ⌈live / this⌉ operations, and after the last one, so that a checked replay stays linear in
+/// ⌈live / this⌉ operations, and after the trace's last one (a stress run ends with a drain, which
+/// leaves nothing live), so that a checked replay stays linear in
 /// the trace's length instead of quadratic; each operation's result and the counters are still
 /// checked at every operation.
 pub const FULL_CHECK_LIVE: usize = 1024;
@@ -680,8 +683,9 @@ impl Executor {
     }
 
     /// An executor that judges every operation and checks every invariant after it.
-    pub fn checked(trace: &Trace, setup: &Setup, checks: Checks) -> Executor {
+    pub fn checked(trace: &Trace, setup: &Setup, mut checks: Checks) -> Executor {
         let mut exec = Executor::new(trace, setup);
+        checks.ops = trace.ops.len() as u64;
         exec.checks = Some(Box::new(checks));
         exec
     }
@@ -2010,7 +2014,10 @@ impl Executor {
         let c = self.checks.as_deref_mut().expect("only called with checks");
         c.since_full += 1;
         let live = c.by_addr.len();
-        if live <= FULL_CHECK_LIVE || c.since_full.saturating_mul(FULL_CHECK_LIVE) >= live {
+        if live <= FULL_CHECK_LIVE
+            || c.since_full.saturating_mul(FULL_CHECK_LIVE) >= live
+            || self.counts.ops == c.ops
+        {
             self.check_structure()?;
         }
         let c = self.checks.as_deref().expect("only called with checks");
@@ -2069,15 +2076,6 @@ impl Executor {
                 .map(|(&addr, &requested)| (addr, requested)),
         )
         .map_err(CheckError::Inconsistent)
-    }
-
-    /// With checks, the structural check if the last operations passed it over
-    /// ([`FULL_CHECK_LIVE`]); a run's last step.
-    pub fn check_the_rest(&mut self) -> Result<(), ExecError> {
-        match self.checks.as_deref() {
-            Some(c) if c.since_full > 0 => self.check_structure().map_err(ExecError::Check),
-            _ => Ok(()),
-        }
     }
 
     /// The report of the run so far.
@@ -2199,15 +2197,6 @@ fn run_ops(
         })?;
         watch.after(i, &exec);
     }
-    exec.check_the_rest().map_err(|error| {
-        let index = trace.ops.len().saturating_sub(1);
-        Box::new(Failure {
-            file: trace.file.clone(),
-            index,
-            line: trace.ops.get(index).map_or(0, |op| op.line),
-            error,
-        })
-    })?;
     watch.end(&exec);
     Ok(exec.finish(setup))
 }
@@ -2306,21 +2295,24 @@ mod tests {
 
     #[test]
     fn with_many_live_allocations_the_structure_is_checked_at_the_end() {
-        let live = 3 * FULL_CHECK_LIVE;
+        let live = 3 * FULL_CHECK_LIVE + 1;
         let text: String = (0..live).map(|i| format!("alloc a{i} 4096\n")).collect();
         let trace = parse_str("t.trace", &text).unwrap();
         let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
         let mut exec = Executor::checked(&trace, &setup, Checks::default());
-        for op in &trace.ops {
+        let (last, rest) = trace.ops.split_last().unwrap();
+        for op in rest {
             exec.step(op).unwrap();
         }
-        // The last operation, at 3072 live, passed the snapshot over (every third one runs it).
+        // Past 2048 live, every third operation runs the snapshot: the one before the last
+        // (3072 live) passed it over.
         let c = exec.checks.as_deref_mut().unwrap();
         assert_eq!(c.since_full, 1);
-        // So a view the allocator does not share is caught only by the run's last check.
+        // A view the allocator does not share is caught by the trace's last operation, whose
+        // turn it is not.
         c.by_addr.insert(1 << 40, 4096);
         assert!(matches!(
-            exec.check_the_rest(),
+            exec.step(last),
             Err(ExecError::Check(CheckError::Inconsistent(
                 Inconsistency::NotAllocated { .. }
             )))
