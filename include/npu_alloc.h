@@ -191,6 +191,11 @@ enum NpuAllocStatus npu_alloc_record_stream_handle(void *ptr, void *stream);
 void npu_alloc_reset_peak_stats(int8_t device);
 
 /**
+ * torch's `reset_peak_memory_stats(device)`: every peak becomes its current value.
+ */
+enum NpuAllocStatus npu_alloc_reset_peak_memory_stats(int device);
+
+/**
  * `torch.npu.empty_cache()`: the synchronize hook (if set), then every whole free segment of
  * every device goes back.
  */
@@ -205,6 +210,25 @@ enum NpuAllocStatus npu_alloc_empty_cache(void);
  * `buf` is null or writable for `len` bytes; `needed` is null or writable.
  */
 enum NpuAllocStatus npu_alloc_memory_stats(int device, char *buf, uintptr_t len, uintptr_t *needed);
+
+/**
+ * torch's `memory_summary(device, abbreviated)`: torch_npu's table, NUL-terminated, into `buf`
+ * (`len` bytes), as [`npu_alloc_memory_stats`].
+ *
+ * # Safety
+ * `buf` is null or writable for `len` bytes; `needed` is null or writable.
+ */
+enum NpuAllocStatus npu_alloc_memory_summary(int device,
+                                             bool abbreviated,
+                                             char *buf,
+                                             uintptr_t len,
+                                             uintptr_t *needed);
+
+/**
+ * torch's `reset_accumulated_memory_stats(device)`: the allocated and freed totals and the
+ * `num_*` counters go back to 0.
+ */
+enum NpuAllocStatus npu_alloc_reset_accumulated_stats(int device);
 
 /**
  * This thread's last error as text, NUL-terminated, into `buf` (`len` bytes, truncated to fit;

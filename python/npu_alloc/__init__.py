@@ -26,6 +26,8 @@ import threading
 
 __all__ = [
     "NpuAllocError", "OutOfMemoryError", "library_path", "malloc", "free", "memory_stats",
+    "memory_summary", "memory_allocated", "max_memory_allocated", "memory_reserved",
+    "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "empty_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
     "record_memory_history", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
     "use_mem_pool",
@@ -91,6 +93,10 @@ def _load():
             "npu_alloc_empty_cache": ([], c_int),
             "npu_alloc_memory_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
             "npu_alloc_memory_saver_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
+            "npu_alloc_memory_summary": ([c_int, ctypes.c_bool, c_char, c_size, ctypes.POINTER(c_size)],
+                                         c_int),
+            "npu_alloc_reset_accumulated_stats": ([c_int], c_int),
+            "npu_alloc_reset_peak_memory_stats": ([c_int], c_int),
             "npu_alloc_memory_saver_has_tag": ([c_char, ctypes.POINTER(ctypes.c_bool)], c_int),
             "npu_alloc_mem_get_info": ([c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_size)], c_int),
             "npu_alloc_set_per_process_memory_fraction": ([ctypes.c_double, c_int], c_int),
@@ -231,6 +237,43 @@ def memory_stats(device=None):
     return _json(_load().npu_alloc_memory_stats, _device(device))
 
 
+def memory_summary(device=None, abbreviated=False):
+    """torch's ``memory_summary()`` for ``device`` (None: the current device): torch_npu's
+    table, with npu-alloc's lines about expandable segments."""
+    return _fetch_text(_load().npu_alloc_memory_summary, _device(device), bool(abbreviated))
+
+
+def memory_allocated(device=None):
+    """torch's ``memory_allocated()``: bytes of live allocations."""
+    return memory_stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None):
+    """torch's ``max_memory_allocated()``: the peak of ``memory_allocated()``."""
+    return memory_stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None):
+    """torch's ``memory_reserved()``: bytes of all segments."""
+    return memory_stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None):
+    """torch's ``max_memory_reserved()``: the peak of ``memory_reserved()``."""
+    return memory_stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None):
+    """torch's ``reset_peak_memory_stats()``: every peak becomes its current value."""
+    _check(_load().npu_alloc_reset_peak_memory_stats(_device(device)))
+
+
+def reset_accumulated_memory_stats(device=None):
+    """torch's ``reset_accumulated_memory_stats()``: the allocated and freed totals and the
+    ``num_*`` counters go back to 0."""
+    _check(_load().npu_alloc_reset_accumulated_stats(_device(device)))
+
+
 def memory_saver_stats(device=None):
     """The memory saver's figures for ``device`` (None: the current device), as a dict:
     ``paused_bytes`` and ``held_bytes`` (each ``current`` and ``peak``) and ``tags``, a list of
@@ -241,17 +284,22 @@ def memory_saver_stats(device=None):
 
 def _json(fetch, device):
     """The JSON text ``fetch(device, buf, len, &needed)`` writes, parsed."""
+    return json.loads(_fetch_text(fetch, device))
+
+
+def _fetch_text(fetch, *args):
+    """The text ``fetch(*args, buf, len, &needed)`` writes into a caller's buffer."""
     needed = ctypes.c_size_t(0)
     buf = None
     while True:
         size = needed.value
-        status = fetch(device, buf, size, ctypes.byref(needed))
+        status = fetch(*args, buf, size, ctypes.byref(needed))
         if status != _TOO_SMALL:
             break
-        # Another thread may have grown the figures in between: ask again with the new length.
+        # Another thread may have grown the text in between: ask again with the new length.
         buf = ctypes.create_string_buffer(needed.value)
     _check(status)
-    return json.loads(buf.value.decode())
+    return buf.value.decode()
 
 
 def empty_cache():

@@ -312,6 +312,30 @@ class Pools(unittest.TestCase):
 _KEPT = []
 
 
+class Summary(unittest.TestCase):
+    def test_the_summary_helpers_and_resets_read_torchs_stats(self):
+        p = npu_alloc.malloc(3 * MIB, 0)
+        s = npu_alloc.memory_stats(0)
+        self.assertEqual(
+            [npu_alloc.memory_allocated(0), npu_alloc.max_memory_allocated(0),
+             npu_alloc.memory_reserved(0), npu_alloc.max_memory_reserved(0)],
+            [s["allocated_bytes.all.current"], s["allocated_bytes.all.peak"],
+             s["reserved_bytes.all.current"], s["reserved_bytes.all.peak"]])
+        text = npu_alloc.memory_summary(0)
+        self.assertIn("PyTorch NPU memory summary, device ID 0 ", text)
+        full, short = text.count("\n"), npu_alloc.memory_summary(0, abbreviated=True).count("\n")
+        self.assertLess(short, full)
+        npu_alloc.free(p)
+        # Peaks fall to the current values; accumulated totals and counters to 0.
+        npu_alloc.reset_peak_memory_stats(0)
+        self.assertEqual(npu_alloc.max_memory_allocated(0), npu_alloc.memory_allocated(0))
+        npu_alloc.reset_accumulated_memory_stats(0)
+        s = npu_alloc.memory_stats(0)
+        self.assertEqual((s["allocated_bytes.all.allocated"], s["num_device_alloc"]), (0, 0))
+        with self.assertRaises(npu_alloc.NpuAllocError):
+            npu_alloc.reset_peak_memory_stats(7)
+
+
 @needs_fake
 class Streams(unittest.TestCase):
     def test_erase_stream_undoes_record_stream(self):

@@ -85,7 +85,8 @@ const RESET_AT_RUN_TIME: [Key; 3] = [
 /// `max_non_split_rounding_mb` to the large segment size; keys other than
 /// [`RUN_TIME_KEYS`] get a [`WarningKind::NotAtRunTime`] warning and keep their value; the
 /// checks between keys run as in [`parse`] (so `max_split_size_mb` here turns expandable
-/// segments off, with a warning).
+/// segments off, with a warning). The empty string changes nothing: torch_npu's parser returns
+/// before it resets anything.
 ///
 /// ```
 /// use alloc_conf::{parse, parse_settings};
@@ -94,8 +95,17 @@ const RESET_AT_RUN_TIME: [Key; 3] = [
 /// let p = parse_settings(&start, "expandable_segments:False");
 /// assert!(!p.conf.expandable_segments);
 /// assert_eq!(p.conf.roundup_power2_divisions, [0; 16]); // reset, as in torch_npu
+/// assert_eq!(parse_settings(&start, "").conf, start);
 /// ```
 pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
+    // torch_npu's parseArgs returns before it parses (and resets) anything for "".
+    if s.is_empty() {
+        return Parsed {
+            conf: current.clone(),
+            warnings: Vec::new(),
+            given: [false; KEY_COUNT],
+        };
+    }
     // The fields of RESET_AT_RUN_TIME.
     let defaults = AllocConf::default();
     let mut st = State {

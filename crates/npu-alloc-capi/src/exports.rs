@@ -323,9 +323,14 @@ unsafe fn stream_use(
 /// above the first byte would be whatever the caller's register held.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_reset_peak_stats(device: i8) {
-    or((), || {
-        Ok(runtime()?.reset_peak_memory_stats(self::device(c_int::from(device))?)?)
-    });
+    // Errors go to the last error: the hook returns nothing.
+    let _ = npu_alloc_reset_peak_memory_stats(c_int::from(device));
+}
+
+/// torch's `reset_peak_memory_stats(device)`: every peak becomes its current value.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_reset_peak_memory_stats(device: c_int) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.reset_peak_memory_stats(self::device(device)?)?))
 }
 
 /// `torch.npu.empty_cache()`: the synchronize hook (if set), then every whole free segment of
@@ -360,6 +365,33 @@ pub unsafe extern "C" fn npu_alloc_memory_stats(
         // SAFETY: forwarded from the caller's contract.
         unsafe { copy_out(&json, buf, len, needed) }
     })
+}
+
+/// torch's `memory_summary(device, abbreviated)`: torch_npu's table, NUL-terminated, into `buf`
+/// (`len` bytes), as [`npu_alloc_memory_stats`].
+///
+/// # Safety
+/// `buf` is null or writable for `len` bytes; `needed` is null or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_memory_summary(
+    device: c_int,
+    abbreviated: bool,
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+) -> NpuAllocStatus {
+    status(|| {
+        let text = runtime()?.memory_summary(self::device(device)?, abbreviated)?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy_out(&text, buf, len, needed) }
+    })
+}
+
+/// torch's `reset_accumulated_memory_stats(device)`: the allocated and freed totals and the
+/// `num_*` counters go back to 0.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_reset_accumulated_stats(device: c_int) -> NpuAllocStatus {
+    status(|| Ok(runtime()?.reset_accumulated_memory_stats(self::device(device)?)?))
 }
 
 /// Copies `text` and a NUL into `buf` if it fits; writes the needed length to `needed`.

@@ -89,6 +89,15 @@ int main(void) {
   CHECK(npu_alloc_memory_stats(0, stats, sizeof stats, &needed) == NpuAllocStatus_Ok);
   /* 3 MiB + torch_npu's 32-byte pad, rounded to 512. */
   CHECK(strstr(stats, "\"allocated_bytes.all.current\":3146240") != NULL);
+  char summary[8192];
+  CHECK(npu_alloc_memory_summary(0, false, summary, sizeof summary, &needed) == NpuAllocStatus_Ok);
+  CHECK(strstr(summary, "PyTorch NPU memory summary, device ID 0 ") != NULL);
+  CHECK(npu_alloc_memory_summary(0, true, NULL, 0, &needed) == NpuAllocStatus_BufferTooSmall);
+  CHECK(npu_alloc_reset_peak_memory_stats(0) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_reset_accumulated_stats(0) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_reset_accumulated_stats(9) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_memory_stats(0, stats, sizeof stats, &needed) == NpuAllocStatus_Ok);
+  CHECK(strstr(stats, "\"num_device_alloc\":0,") != NULL);
 
   size_t free_bytes = 0, total = 0;
   CHECK(npu_alloc_mem_get_info(0, &free_bytes, &total) == NpuAllocStatus_Ok);
