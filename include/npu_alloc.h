@@ -24,7 +24,8 @@ typedef enum NpuAllocStatus {
   NpuAllocStatus_InvalidArgument = -1,
   /**
    * Out of memory after torch's whole retry chain (torch_npu's message in the last error),
-   * or a memory-saver resume (device) or pause (host, for a CPU backup) that found none.
+   * a memory-saver resume (device) or pause (host, for a CPU backup) that found none, or an
+   * ACL call outside the chain that ran out of memory (torch_npu's `isCannOOM`).
    */
   NpuAllocStatus_OutOfMemory = -2,
   /**

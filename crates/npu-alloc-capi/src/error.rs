@@ -17,7 +17,8 @@ pub enum NpuAllocStatus {
     /// [0, 1] (NaN included), a string that is not UTF-8.
     InvalidArgument = -1,
     /// Out of memory after torch's whole retry chain (torch_npu's message in the last error),
-    /// or a memory-saver resume (device) or pause (host, for a CPU backup) that found none.
+    /// a memory-saver resume (device) or pause (host, for a CPU backup) that found none, or an
+    /// ACL call outside the chain that ran out of memory (torch_npu's `isCannOOM`).
     OutOfMemory = -2,
     /// A pointer this library did not return, or one already freed.
     UnknownPointer = -3,
@@ -81,6 +82,14 @@ impl From<RuntimeError<AclError>> for Fail {
             RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. }) => {
                 NpuAllocStatus::OutOfMemory
             }
+            // A device call outside the retry chain that ran out of memory (mapping an
+            // expandable segment's page, say): torch_npu's NPU_CHECK_ERROR raises
+            // OutOfMemoryError for it too (isCannOOM), without counting an OOM.
+            RuntimeError::Alloc(AllocError::Device(e)) | RuntimeError::Device(e)
+                if e.is_out_of_memory() =>
+            {
+                NpuAllocStatus::OutOfMemory
+            }
             // A pause or resume that stopped on a later device: the status of why it stopped.
             RuntimeError::Saver(error) | RuntimeError::SaverStopped { error, .. } => match error {
                 SaverError::OutOfMemory { .. } | SaverError::HostOutOfMemory { .. } => {
@@ -134,5 +143,39 @@ pub(crate) fn or<T>(fallback: T, f: impl FnOnce() -> Result<T, Fail>) -> T {
     match (s, out) {
         (NpuAllocStatus::Ok, Some(v)) => v,
         _ => fallback,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc_core::AllocError;
+
+    fn code(code: i32, message: Option<&str>) -> AclError {
+        AclError::Code {
+            function: "aclrtMallocPhysical",
+            code,
+            name: None,
+            message: message.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_device_call_out_of_memory_outside_the_retry_chain_is_out_of_memory() {
+        let status = |e: RuntimeError<AclError>| Fail::from(e).status;
+        // torch_npu's isCannOOM reads the recent-error text; ACL's out-of-memory codes too.
+        let marked = code(507_899, Some("EL0004: Failed to allocate memory."));
+        assert_eq!(
+            status(RuntimeError::Alloc(AllocError::Device(marked))),
+            NpuAllocStatus::OutOfMemory
+        );
+        assert_eq!(
+            status(RuntimeError::Device(code(207_018, None))),
+            NpuAllocStatus::OutOfMemory
+        );
+        assert_eq!(
+            status(RuntimeError::Alloc(AllocError::Device(code(507_899, None)))),
+            NpuAllocStatus::DeviceError
+        );
     }
 }
