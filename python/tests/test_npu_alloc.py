@@ -282,6 +282,7 @@ class MemorySaver(unittest.TestCase):
         npu_alloc.free(p)
 
 
+@needs_fake  # two devices
 class Pools(unittest.TestCase):
     def test_pools_are_numbered_per_process_and_entered_once(self):
         # torch numbers MemPools with one counter per process, whatever their device.

@@ -326,6 +326,10 @@ impl<D: crate::Device> crate::Allocator<D> {
         let Some(set) = self.pools.set_of(id) else {
             let set = self.add_pool_as(id, None)?;
             self.pools.private_mut(set).expect("just added").entered = true;
+            // Numbers from now on pass it, on every device sharing them.
+            if let (Some(ids), PoolId(0, n)) = (&self.pools.shared_ids, id) {
+                ids.fetch_max(n.saturating_add(1), Ordering::Relaxed);
+            }
             return Ok(());
         };
         let pool = self.pools.private_mut(set).expect("a live set");
@@ -347,12 +351,9 @@ impl<D: crate::Device> crate::Allocator<D> {
         if !pool.entered {
             return Err(PoolError::NotEntered(id));
         }
+        // `release_pool` never takes the hold of an open scope, so it is there.
         pool.entered = false;
-        // Released more often than held meanwhile (`release_pool`): the scope's hold is gone.
-        pool.use_count = pool
-            .use_count
-            .checked_sub(1)
-            .ok_or(PoolError::OverReleased(id))?;
+        pool.use_count -= 1;
         Ok(())
     }
 
@@ -381,7 +382,8 @@ impl<D: crate::Device> crate::Allocator<D> {
     /// free segments back and forgets it once it holds none.
     pub fn release_pool(&mut self, id: PoolId) -> Result<(), PoolError> {
         let pool = self.private_pool_mut(id)?;
-        if pool.use_count == 0 {
+        // The last hold of a pool a scope allocates to is the scope's: only `leave_pool` ends it.
+        if pool.use_count <= u32::from(pool.entered) {
             return Err(PoolError::OverReleased(id));
         }
         pool.use_count -= 1;

@@ -143,6 +143,15 @@ fn entering_a_pool_holds_it_once_and_makes_a_pool_for_an_unknown_id() {
     a.leave_pool(pool).unwrap();
     assert_eq!(a.leave_pool(pool), Err(PoolError::NotEntered(pool)));
     assert_eq!(a.pool_use_count(pool), Ok(1));
+    // The hold of an open scope is the scope's: releasing the pool down to it is refused, and
+    // changes nothing.
+    a.enter_pool(pool).unwrap();
+    a.release_pool(pool).unwrap();
+    assert_eq!(a.release_pool(pool), Err(PoolError::OverReleased(pool)));
+    assert_eq!(a.pool_use_count(pool), Ok(1));
+    a.leave_pool(pool).unwrap();
+    assert_eq!(a.pool_use_count(pool), Ok(0));
+    let pool = a.create_pool().unwrap();
     // An id this device does not know (another device's pool, torch's graph_pool_handle):
     // a pool of its own, held by the scope alone.
     let other = PoolId(0, 7);
@@ -181,6 +190,9 @@ fn allocators_sharing_pool_ids_number_their_pools_as_one_process() {
     assert_eq!(d1.create_pool(), Ok(PoolId(0, 2)));
     assert_eq!(d0.saver_pool("kv", false), Ok(PoolId(0, 3)));
     assert_eq!(d0.create_pool(), Ok(PoolId(0, 4)));
+    // A scope on device 1 makes a pool of an id ahead of the count: no device hands it out.
+    d1.enter_pool(PoolId(0, 9)).unwrap();
+    assert_eq!(d0.create_pool(), Ok(PoolId(0, 10)));
 }
 
 #[test]

@@ -1270,8 +1270,13 @@ impl Executor {
         // The end of the program: every scope left, every pool dropped (the memory saver's
         // included, paused or not), so that everything can go back.
         let refused = |e| ExecError::Scope(ScopeError::Refused(e));
-        for (_, id) in std::mem::take(&mut self.scopes).into_iter().rev() {
-            self.alloc.release_pool(id).map_err(refused)?;
+        for (region, id) in std::mem::take(&mut self.scopes).into_iter().rev() {
+            let left = if region {
+                self.alloc.release_pool(id)
+            } else {
+                self.alloc.leave_pool(id)
+            };
+            left.map_err(refused)?;
         }
         for (_, id, held) in std::mem::take(&mut self.pool_names) {
             if held {

@@ -299,9 +299,9 @@ pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Ve
         Live,
         Freed,
     }
-    #[derive(Clone, Copy, PartialEq)]
+    #[derive(Clone, PartialEq)]
     enum Scope {
-        Pool,
+        Pool(String),
         Region,
     }
     let mut state = vec![State::Never; id_count];
@@ -336,9 +336,11 @@ pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Ve
                 new
             }
             OpKind::Pool(PoolOp::Use(name)) => {
-                let ok = held(&pools, name);
+                // A pool a scope already allocates to cannot be entered again (torch refuses).
+                let ok =
+                    held(&pools, name) && !scopes.iter().any(|s| *s == Scope::Pool(name.clone()));
                 if ok {
-                    scopes.push(Scope::Pool);
+                    scopes.push(Scope::Pool(name.clone()));
                 }
                 ok
             }
@@ -350,7 +352,7 @@ pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Ve
                 ok
             }
             OpKind::Pool(PoolOp::End) => {
-                let ok = scopes.last() == Some(&Scope::Pool);
+                let ok = matches!(scopes.last(), Some(Scope::Pool(_)));
                 if ok {
                     scopes.pop();
                 }

@@ -98,6 +98,28 @@ fn recorded_operations_replay_and_tolerate_deletions() {
 }
 
 #[test]
+fn what_a_trace_can_say_enters_a_pool_once_at_a_time() {
+    // torch refuses a second scope of a pool already in scope; the shrinker's candidates must
+    // not build one.
+    let params = StressParams::new(3, 0, "");
+    let text = "pool p\nuse_pool p\nuse_pool p\nalloc a0 4096 0\nend_pool\nuse_pool p\nend_pool\n";
+    let trace = parse_str("t.trace", text).unwrap();
+    let setup = params.setup();
+    let f = replay_checked(&trace, &setup, Checks::default()).unwrap_err();
+    assert_eq!(f.index, 2, "{f}");
+    let kinds: Vec<OpKind> = trace.ops.iter().map(|op| op.kind.clone()).collect();
+    let mut kept = trace.clone();
+    kept.ops.clear();
+    for kind in well_formed(kinds.iter().cloned(), trace.id_count()) {
+        kept.push(kind);
+    }
+    // The second use_pool goes; once the first scope ended, the pool can be entered again.
+    assert_eq!(kept.ops.len(), 6);
+    let report = replay_checked(&kept, &setup, Checks::default()).unwrap();
+    assert_eq!(report.counts.allocs, 1);
+}
+
+#[test]
 fn a_failure_prints_a_trace_that_reproduces_it_with_faults_and_misuse() {
     // The test-only switch breaks a check at the first successful free after a fault fired and
     // a misuse was refused: the shrunk trace must keep a fault line and a misuse line.

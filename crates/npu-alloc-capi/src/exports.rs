@@ -571,7 +571,8 @@ pub unsafe extern "C" fn npu_alloc_mem_pool_use_count(
     id: u64,
     count: *mut u32,
 ) -> NpuAllocStatus {
-    status(|| {
+    // It may open the device: the caller's binding comes back.
+    status_keeping_device(|| {
         if count.is_null() {
             return Err(Fail::invalid("mem_pool_use_count: null count"));
         }

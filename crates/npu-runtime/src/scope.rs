@@ -386,10 +386,18 @@ impl<D: Device> Drop for ScopeGuard<'_, D> {
         if !found {
             return;
         }
-        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(scope.device)
-            && let Err(e) = a.with(|a| a.release_pool(scope.pool))
-        {
-            log_drop_error("end of scope", &e);
+        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(scope.device) {
+            // A region holds its tag's pool; a pool scope entered its pool.
+            let left = a.with(|a| {
+                if scope.region {
+                    a.release_pool(scope.pool)
+                } else {
+                    a.leave_pool(scope.pool)
+                }
+            });
+            if let Err(e) = left {
+                log_drop_error("end of scope", &e);
+            }
         }
     }
 }

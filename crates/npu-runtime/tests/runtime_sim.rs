@@ -192,6 +192,23 @@ fn mem_pools_route_this_threads_allocations_and_release_on_drop() {
     };
     assert_eq!(pool.use_count().unwrap(), 1);
     assert_eq!(rt.device_stats(1).unwrap().segment.all.current, 1);
+    // The guard's scope ended: the pool can be used again, but not twice at once (torch's
+    // "already recording to mempool_id"), and the refusal takes no hold.
+    {
+        let _again = rt.use_mem_pool(&pool).unwrap();
+        assert_eq!(
+            rt.use_mem_pool(&pool).map(|_| ()),
+            Err(RuntimeError::Pool(npu_runtime::PoolError::AlreadyEntered(
+                pool.id()
+            )))
+        );
+        assert_eq!(pool.use_count().unwrap(), 2);
+    }
+    assert_eq!(pool.use_count().unwrap(), 1);
+    // Pools are numbered per process: device 1's first pool comes after device 0's.
+    let other = rt.mem_pool(1).unwrap();
+    assert_eq!(other.id(), npu_runtime::PoolId(0, pool.id().1 + 1));
+    drop(other);
     rt.free(x).unwrap();
     rt.free(y).unwrap();
     rt.empty_cache().unwrap();
