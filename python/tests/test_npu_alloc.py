@@ -360,6 +360,33 @@ class Streams(unittest.TestCase):
         npu_alloc.empty_cache()
         self.assertEqual(FAKE.aclrtDestroyStream(stream), 0)
 
+    def test_a_free_that_records_events_on_another_device_keeps_the_callers_device(self):
+        # torch_npu caches its thread's device: a free must leave the binding as it found it.
+        device = ctypes.c_int(-1)
+        p = npu_alloc.malloc(4096, 1)
+        self.assertEqual(FAKE.aclrtSetDevice(1), 0)
+        stream = ctypes.c_void_p()
+        self.assertEqual(FAKE.aclrtCreateStream(ctypes.byref(stream)), 0)
+        npu_alloc.record_stream(p, stream.value)
+        self.assertEqual(FAKE.aclrtSetDevice(0), 0)
+        q = npu_alloc.malloc(4096, 0)  # the library's last binding is device 0 too
+        recorded = FAKE.fake_acl_calls(b"aclrtRecordEvent")
+        npu_alloc.free(p)  # binds device 1 to record its event on device 1's stream
+        self.assertEqual(FAKE.fake_acl_calls(b"aclrtRecordEvent"), recorded + 1)
+        self.assertEqual(FAKE.aclrtGetDevice(ctypes.byref(device)), 0)
+        self.assertEqual(device.value, 0)
+        npu_alloc.free(q)
+        # A free that makes no ACL call binds nothing, and costs the next malloc no bind.
+        sets = FAKE.fake_acl_calls(b"aclrtSetDevice")
+        for _ in range(3):
+            npu_alloc.free(npu_alloc.malloc(4096, 0))
+        self.assertEqual(FAKE.fake_acl_calls(b"aclrtSetDevice"), sets)
+        FAKE.fake_acl_complete_all_events()
+        npu_alloc.empty_cache()
+        self.assertEqual(FAKE.aclrtSetDevice(1), 0)
+        self.assertEqual(FAKE.aclrtDestroyStream(stream), 0)
+        self.assertEqual(FAKE.aclrtSetDevice(0), 0)
+
     def test_with_a_synchronize_hook_a_free_drains_before_it_records_events(self):
         recorded = lambda: FAKE.fake_acl_calls(b"aclrtRecordEvent")
         seen = []

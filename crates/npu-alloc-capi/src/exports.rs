@@ -167,13 +167,14 @@ pub extern "C" fn npu_alloc_free_checked(ptr: *mut c_void) -> NpuAllocStatus {
     if ptr.is_null() {
         return NpuAllocStatus::Ok;
     }
-    status(|| {
+    // Recording a block's events, or (without caching) synchronizing before the device free,
+    // binds the block's device, which need not be the caller's.
+    status_keeping_device(|| {
         let (rt, addr) = (runtime()?, ptr as usize as u64);
         match rt.free(addr) {
-            // Used on other streams, with the synchronize hook set: drained first. Recording
-            // its events binds the block's device, which need not be the caller's.
+            // Used on other streams, with the synchronize hook set: drained first.
             Err(RuntimeError::Free(alloc_core::FreeError::DrainFirst { .. })) => {
-                Ok(keeping_current_device(|| rt.free_after_drain(addr))?)
+                Ok(rt.free_after_drain(addr)?)
             }
             result => Ok(result?),
         }

@@ -60,8 +60,9 @@ thread_local! {
 enum Keep {
     /// Not inside it.
     Off,
-    /// Inside it, and nothing bound yet.
-    Watching,
+    /// Inside it, and nothing bound yet: the thread's cached binding from before, which stands
+    /// again at the end if nothing was bound (no ACL call made it any less true).
+    Watching(Option<(u64, u32)>),
     /// Inside it, after the first bind: the library, its platform id, and the device the thread
     /// had before (`None`: none, or ACL could not say).
     Saved(Arc<Lib>, u64, Option<i32>),
@@ -85,8 +86,7 @@ pub fn keeping_current_device<R>(f: impl FnOnce() -> R) -> R {
             let mut k = k.borrow_mut();
             let outer = matches!(*k, Keep::Off);
             if outer {
-                *k = Keep::Watching;
-                BOUND.with(|b| b.set(None));
+                *k = Keep::Watching(BOUND.with(|b| b.replace(None)));
             }
             outer
         })
@@ -98,11 +98,17 @@ pub fn keeping_current_device<R>(f: impl FnOnce() -> R) -> R {
     struct Restore;
     impl Drop for Restore {
         fn drop(&mut self) {
-            let Ok(Keep::Saved(lib, id, Some(device))) =
-                KEEP.try_with(|k| core::mem::replace(&mut *k.borrow_mut(), Keep::Off))
-            else {
-                return;
-            };
+            let (lib, id, device) =
+                match KEEP.try_with(|k| core::mem::replace(&mut *k.borrow_mut(), Keep::Off)) {
+                    Ok(Keep::Saved(lib, id, Some(device))) => (lib, id, device),
+                    // Nothing bound: a call that made no ACL call (a free of a cached block)
+                    // costs the next one no `aclrtSetDevice`.
+                    Ok(Keep::Watching(before)) => {
+                        BOUND.with(|b| b.set(before));
+                        return;
+                    }
+                    _ => return,
+                };
             let key = Some((id, device as u32));
             if BOUND.with(Cell::get) == key {
                 return;
@@ -335,7 +341,7 @@ impl AclPlatform {
         }
         let _ = KEEP.try_with(|k| {
             let mut k = k.borrow_mut();
-            if matches!(*k, Keep::Watching) {
+            if matches!(*k, Keep::Watching(_)) {
                 *k = Keep::Saved(self.lib.clone(), self.id, self.lib.get_device().ok());
             }
         });

@@ -53,20 +53,44 @@ pub enum ConfigWarning {
         /// What `alloc-conf` reported.
         warning: Warning,
     },
-    /// `PYTORCH_NO_NPU_MEMORY_CACHING` is neither `0` nor `1`; caching stays on.
+    /// `PYTORCH_NO_NPU_MEMORY_CACHING` is neither `0` nor `1`: read as torch_npu reads it, with
+    /// C's `strtol` (a number other than 0 turns caching off; no number reads as 0).
     InvalidNoCaching {
         /// The value found.
         value: String,
+        /// Whether caching stays on.
+        caching: bool,
     },
+}
+
+/// Whether C's `strtol(bytes, NULL, 10)` is not 0: after leading white space and a sign, the
+/// digits up to the first other byte, none reading as 0 (a value out of range clamps, so it is
+/// not 0 either).
+fn strtol_nonzero(bytes: &[u8]) -> bool {
+    // C's isspace: ASCII white space and the vertical tab, which Rust's trims leave.
+    let start = bytes
+        .iter()
+        .position(|b| !b" \t\n\x0b\x0c\r".contains(b))
+        .unwrap_or(bytes.len());
+    let rest = &bytes[start..];
+    let rest = rest
+        .strip_prefix(b"+")
+        .or_else(|| rest.strip_prefix(b"-"))
+        .unwrap_or(rest);
+    rest.iter()
+        .take_while(|b| b.is_ascii_digit())
+        .any(|&b| b != b'0')
 }
 
 impl fmt::Display for ConfigWarning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConfigWarning::AllocConf { source, warning } => write!(f, "{source}: {warning}"),
-            ConfigWarning::InvalidNoCaching { value } => write!(
+            ConfigWarning::InvalidNoCaching { value, caching } => write!(
                 f,
-                "{NO_CACHING_ENV}={value:?} is invalid (only 0 and 1 are allowed); caching stays on"
+                "{NO_CACHING_ENV}={value:?} is neither 0 nor 1; read as torch_npu reads it (C's \
+                 strtol): caching {}",
+                if *caching { "stays on" } else { "off" }
             ),
         }
     }
@@ -92,18 +116,20 @@ impl Config {
                 .collect(),
             None => Vec::new(),
         };
-        let no_caching = lookup(NO_CACHING_ENV).map(String::from_utf8);
-        let caching = match no_caching.as_ref().map(|v| v.as_deref().map(str::trim)) {
-            None | Some(Ok("" | "0")) => true,
-            Some(Ok("1")) => false,
-            // Anything else, bytes that are not UTF-8 included, is invalid: caching stays on.
-            Some(other) => {
-                let value = match other {
-                    Ok(text) => (*text).to_owned(),
-                    Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-                };
-                warnings.push(ConfigWarning::InvalidNoCaching { value });
-                true
+        let no_caching = lookup(NO_CACHING_ENV);
+        let caching = match no_caching.as_deref() {
+            None => true,
+            // torch_npu's GetBoolTypeOption: `strtol(value, NULL, 10) != 0`.
+            Some(bytes) => {
+                let caching = !strtol_nonzero(bytes);
+                let value = String::from_utf8_lossy(bytes);
+                if !matches!(value.trim(), "" | "0" | "1") {
+                    warnings.push(ConfigWarning::InvalidNoCaching {
+                        value: value.trim().to_owned(),
+                        caching,
+                    });
+                }
+                caching
             }
         };
         let config = Config {
@@ -179,25 +205,43 @@ mod tests {
     }
 
     #[test]
-    fn invalid_no_caching_warns_and_keeps_caching() {
-        for value in ["2", "true", "yes", "-1"] {
+    fn no_caching_is_read_as_torch_npus_strtol() {
+        // torch_npu's GetBoolTypeOption: strtol(value) != 0; the "0 or 1" check after it sees
+        // only 0 or 1.
+        for (value, caching, warned) in [
+            ("0", true, false),
+            ("1", false, false),
+            (" 1 ", false, false),
+            ("", true, false),
+            ("2", false, true),
+            ("-1", false, true),
+            ("01", false, true),
+            ("+1", false, true),
+            ("1abc", false, true),
+            ("00", true, true),
+            ("true", true, true),
+            ("yes", true, true),
+        ] {
             let pairs: &'static [(&str, &str)] = Box::leak(Box::new([(NO_CACHING_ENV, value)]));
             let (config, warnings) = Config::from_lookup(None, env(pairs));
-            assert!(config.caching);
+            assert_eq!(config.caching, caching, "{value:?}");
             assert_eq!(config.source, None);
-            assert_eq!(
-                warnings,
+            let expected: Vec<ConfigWarning> = if warned {
                 vec![ConfigWarning::InvalidNoCaching {
-                    value: value.to_owned()
+                    value: value.trim().to_owned(),
+                    caching,
                 }]
-            );
-            assert_eq!(
-                warnings[0].to_string(),
-                format!(
-                    "PYTORCH_NO_NPU_MEMORY_CACHING={value:?} is invalid (only 0 and 1 are allowed); caching stays on"
-                )
-            );
+            } else {
+                Vec::new()
+            };
+            assert_eq!(warnings, expected, "{value:?}");
         }
+        let pairs: &'static [(&str, &str)] = Box::leak(Box::new([(NO_CACHING_ENV, "2")]));
+        assert_eq!(
+            Config::from_lookup(None, env(pairs)).1[0].to_string(),
+            "PYTORCH_NO_NPU_MEMORY_CACHING=\"2\" is neither 0 nor 1; read as torch_npu reads it \
+             (C's strtol): caching off"
+        );
     }
 
     #[test]
@@ -219,12 +263,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("bytes \\xff at offset 21"), "{text}");
-        // PYTORCH_NO_NPU_MEMORY_CACHING=$'1\xff' is invalid, not unset: caching stays on, warned.
-        assert!(config.caching);
+        // PYTORCH_NO_NPU_MEMORY_CACHING=$'1\xff' is set: strtol reads its 1 (caching off), and
+        // the value, neither 0 nor 1, is warned about.
+        assert!(!config.caching);
         assert_eq!(
             warnings.last(),
             Some(&ConfigWarning::InvalidNoCaching {
-                value: "1\u{fffd}".into()
+                value: "1\u{fffd}".into(),
+                caching: false,
             })
         );
     }
