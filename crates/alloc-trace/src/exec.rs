@@ -1128,15 +1128,20 @@ impl Executor {
         match self.scopes.last() {
             Some(&(r, id)) if r == region => {
                 self.scopes.pop();
-                let left = if region {
-                    self.alloc.release_pool(id)
-                } else {
-                    self.alloc.leave_pool(id)
-                };
-                left.map_err(|e| ExecError::Scope(ScopeError::Refused(e)))
+                self.leave_scope(region, id)
             }
             _ => Err(ExecError::Scope(ScopeError::NotOpen(keyword))),
         }
+    }
+
+    /// Drops a closed scope's hold: a region's on its tag's pool, a pool scope's on its pool.
+    fn leave_scope(&mut self, region: bool, id: PoolId) -> Result<(), ExecError> {
+        let left = if region {
+            self.alloc.release_pool(id)
+        } else {
+            self.alloc.leave_pool(id)
+        };
+        left.map_err(|e| ExecError::Scope(ScopeError::Refused(e)))
     }
 
     /// Writes (`fill`) or reads back (`expect`) the 8 bytes at each end of a live allocation.
@@ -1271,12 +1276,7 @@ impl Executor {
         // included, paused or not), so that everything can go back.
         let refused = |e| ExecError::Scope(ScopeError::Refused(e));
         for (region, id) in std::mem::take(&mut self.scopes).into_iter().rev() {
-            let left = if region {
-                self.alloc.release_pool(id)
-            } else {
-                self.alloc.leave_pool(id)
-            };
-            left.map_err(refused)?;
+            self.leave_scope(region, id)?;
         }
         for (_, id, held) in std::mem::take(&mut self.pool_names) {
             if held {
@@ -2023,7 +2023,15 @@ impl Executor {
             || c.since_full.saturating_mul(FULL_CHECK_LIVE) >= live
             || self.counts.ops == c.ops
         {
-            self.check_structure()?;
+            // The full structural check: every block of a snapshot against the caller's view.
+            c.since_full = 0;
+            check_allocations(
+                &self.alloc,
+                c.by_addr
+                    .iter()
+                    .map(|(&addr, &requested)| (addr, requested)),
+            )
+            .map_err(CheckError::Inconsistent)?;
         }
         let c = self.checks.as_deref().expect("only called with checks");
         let s = self.alloc.stats();
@@ -2068,19 +2076,6 @@ impl Executor {
             }
         }
         Ok(())
-    }
-
-    /// The full structural check: every block of a snapshot against the caller's view.
-    fn check_structure(&mut self) -> Result<(), CheckError> {
-        let c = self.checks.as_deref_mut().expect("only called with checks");
-        c.since_full = 0;
-        check_allocations(
-            &self.alloc,
-            c.by_addr
-                .iter()
-                .map(|(&addr, &requested)| (addr, requested)),
-        )
-        .map_err(CheckError::Inconsistent)
     }
 
     /// The report of the run so far.

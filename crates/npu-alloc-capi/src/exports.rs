@@ -358,14 +358,15 @@ pub unsafe extern "C" fn npu_alloc_memory_stats(
     len: usize,
     needed: *mut usize,
 ) -> NpuAllocStatus {
-    status(|| {
-        let stats = runtime()?.memory_stats(self::device(device)?)?;
-        let map: serde_json::Map<String, serde_json::Value> =
-            stats.into_iter().map(|(k, v)| (k, v.into())).collect();
-        let json = serde_json::Value::Object(map).to_string();
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { copy_out(&json, buf, len, needed) }
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        text_status(buf, len, needed, || {
+            let stats = runtime()?.memory_stats(self::device(device)?)?;
+            let map: serde_json::Map<String, serde_json::Value> =
+                stats.into_iter().map(|(k, v)| (k, v.into())).collect();
+            Ok(serde_json::Value::Object(map).to_string())
+        })
+    }
 }
 
 /// torch's `memory_summary(device, abbreviated)`: torch_npu's table, NUL-terminated, into `buf`
@@ -381,11 +382,12 @@ pub unsafe extern "C" fn npu_alloc_memory_summary(
     len: usize,
     needed: *mut usize,
 ) -> NpuAllocStatus {
-    status(|| {
-        let text = runtime()?.memory_summary(self::device(device)?, abbreviated)?;
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { copy_out(&text, buf, len, needed) }
-    })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        text_status(buf, len, needed, || {
+            Ok(runtime()?.memory_summary(self::device(device)?, abbreviated)?)
+        })
+    }
 }
 
 /// torch's `reset_accumulated_memory_stats(device)`: the allocated and freed totals and the
@@ -393,6 +395,24 @@ pub unsafe extern "C" fn npu_alloc_memory_summary(
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_reset_accumulated_stats(device: c_int) -> NpuAllocStatus {
     status(|| Ok(runtime()?.reset_accumulated_memory_stats(self::device(device)?)?))
+}
+
+/// The status of an export that writes `text`'s result into a caller's buffer: the text and a
+/// NUL if they fit, the needed length to `needed`.
+///
+/// # Safety
+/// As [`npu_alloc_memory_stats`].
+unsafe fn text_status(
+    buf: *mut c_char,
+    len: usize,
+    needed: *mut usize,
+    text: impl FnOnce() -> Result<String, Fail>,
+) -> NpuAllocStatus {
+    status(|| {
+        let text = text()?;
+        // SAFETY: forwarded from the caller's contract.
+        unsafe { copy_out(&text, buf, len, needed) }
+    })
 }
 
 /// Copies `text` and a NUL into `buf` if it fits; writes the needed length to `needed`.
@@ -703,30 +723,31 @@ pub unsafe extern "C" fn npu_alloc_memory_saver_stats(
     len: usize,
     needed: *mut usize,
 ) -> NpuAllocStatus {
-    status(|| {
-        let stats = runtime()?.memory_saver_stats(self::device(device)?)?;
-        let figure =
-            |s: &alloc_core::Stat| serde_json::json!({"current": s.current, "peak": s.peak});
-        let tags: Vec<serde_json::Value> = stats
-            .tags
-            .iter()
-            .map(|t| {
-                serde_json::json!({
-                    "tag": t.tag,
-                    "paused": t.paused,
-                    "segments": t.segments,
-                    "bytes": t.bytes,
-                    "paused_bytes": figure(&t.paused_bytes),
-                })
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { text_status(buf, len, needed, || saver_stats_json(device)) }
+}
+
+/// The JSON text of [`npu_alloc_memory_saver_stats`].
+fn saver_stats_json(device: c_int) -> Result<String, Fail> {
+    let stats = runtime()?.memory_saver_stats(self::device(device)?)?;
+    let figure = |s: &alloc_core::Stat| serde_json::json!({"current": s.current, "peak": s.peak});
+    let tags: Vec<serde_json::Value> = stats
+        .tags
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "tag": t.tag,
+                "paused": t.paused,
+                "segments": t.segments,
+                "bytes": t.bytes,
+                "paused_bytes": figure(&t.paused_bytes),
             })
-            .collect();
-        let json = serde_json::json!({
-            "paused_bytes": figure(&stats.paused_bytes),
-            "held_bytes": figure(&stats.held_bytes),
-            "tags": tags,
         })
-        .to_string();
-        // SAFETY: forwarded from the caller's contract.
-        unsafe { copy_out(&json, buf, len, needed) }
+        .collect();
+    Ok(serde_json::json!({
+        "paused_bytes": figure(&stats.paused_bytes),
+        "held_bytes": figure(&stats.held_bytes),
+        "tags": tags,
     })
+    .to_string())
 }

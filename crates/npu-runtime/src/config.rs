@@ -122,10 +122,11 @@ impl Config {
             // torch_npu's GetBoolTypeOption: `strtol(value, NULL, 10) != 0`.
             Some(bytes) => {
                 let caching = !strtol_nonzero(bytes);
-                let value = String::from_utf8_lossy(bytes);
-                if !matches!(value.trim(), "" | "0" | "1") {
+                let lossy = String::from_utf8_lossy(bytes);
+                let value = lossy.trim();
+                if !matches!(value, "" | "0" | "1") {
                     warnings.push(ConfigWarning::InvalidNoCaching {
-                        value: value.trim().to_owned(),
+                        value: value.to_owned(),
                         caching,
                     });
                 }
