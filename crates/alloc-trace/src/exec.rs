@@ -2078,6 +2078,12 @@ impl Executor {
         Ok(())
     }
 
+    /// The `stats` records taken since the last call (or the run's start), handed over rather
+    /// than kept for the report.
+    pub(crate) fn take_records(&mut self) -> impl Iterator<Item = StatsRecord> + '_ {
+        self.records.drain(..)
+    }
+
     /// The report of the run so far.
     pub fn finish(self, setup: &Setup) -> Report {
         let device = self.alloc.device();
@@ -2146,7 +2152,7 @@ pub(crate) trait Watch {
     /// Before operation `index` runs.
     fn before(&mut self, _index: usize, _exec: &mut Executor) {}
     /// After operation `index` ran.
-    fn after(&mut self, _index: usize, _exec: &Executor) {}
+    fn after(&mut self, _index: usize, _exec: &mut Executor) {}
     /// After the last operation, before the report is made.
     fn end(&mut self, _exec: &Executor) {}
 }
@@ -2195,7 +2201,7 @@ fn run_ops(
                 error,
             })
         })?;
-        watch.after(i, &exec);
+        watch.after(i, &mut exec);
     }
     watch.end(&exec);
     Ok(exec.finish(setup))

@@ -4,7 +4,7 @@
 use alloc_core::{SegmentInfo, TraceEntry};
 use alloc_sim::SimStream;
 
-use crate::exec::{self, Checks, Executor, Failure, Report, Setup, Watch};
+use crate::exec::{self, Checks, Executor, Failure, Report, Setup, StatsRecord, Watch};
 use crate::op::Trace;
 
 /// What to watch during a replay.
@@ -19,6 +19,9 @@ pub struct Observe<'a> {
     pub history: Option<usize>,
     /// Called now and then with the number of operations done.
     pub progress: Option<&'a dyn Fn(u64)>,
+    /// Handed each `stats` line's record as it is taken; the report then keeps none (a trace
+    /// with a million `stats` lines would otherwise hold a million records).
+    pub stats: Option<&'a dyn Fn(StatsRecord)>,
 }
 
 /// The most points a series keeps.
@@ -103,7 +106,10 @@ impl Watch for Watcher<'_, '_> {
         }
     }
 
-    fn after(&mut self, index: usize, exec: &Executor) {
+    fn after(&mut self, index: usize, exec: &mut Executor) {
+        if let Some(sink) = self.observe.stats {
+            exec.take_records().for_each(sink);
+        }
         if self.observe.series {
             let s = exec.allocator().stats();
             let now = Point {
@@ -140,5 +146,46 @@ impl Watch for Watcher<'_, '_> {
             dropped,
             conf: alloc.conf().clone(),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse::parse_str;
+    use alloc_conf::AllocConf;
+    use std::cell::RefCell;
+
+    #[test]
+    fn stats_records_go_to_the_sink_as_they_are_taken_and_the_report_keeps_none() {
+        let trace = parse_str(
+            "t",
+            "pad 0\nalloc a 1000\nstats one\nalloc b 3M 1\nfree a\nstats\n",
+        )
+        .unwrap();
+        let setup = Setup::from_trace(&trace, AllocConf::default(), None, None);
+        let seen = RefCell::new(Vec::new());
+        let sink = |r: StatsRecord| {
+            seen.borrow_mut().push((
+                r.label,
+                r.line,
+                r.stats.allocated_bytes.all.current,
+                r.stats.reserved_bytes.all.current,
+            ));
+        };
+        let observe = Observe {
+            stats: Some(&sink),
+            ..Observe::default()
+        };
+        let (report, _) = replay_observed(&trace, &setup, None, &observe).unwrap();
+        assert!(report.records.is_empty());
+        assert_eq!(
+            seen.into_inner(),
+            [
+                ("one".to_owned(), 3, 1024, 2 << 20),
+                ("line 6".to_owned(), 6, 3 << 20, 22 << 20),
+            ]
+        );
+        assert_eq!(report.end.line, 6);
     }
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::time::Instant;
 
-use alloc_trace::{Failure, Setup, Trace, replay};
+use alloc_trace::{Failure, Op, OpKind, Setup, Trace, replay};
 use rayon::prelude::*;
 
 use crate::space::{self, Candidate, Detail, Key, Target};
@@ -252,6 +252,18 @@ fn subsets(keys: &[Key], r: usize) -> Vec<Vec<Key>> {
 
 /// Searches the configurations of `options.keys` for `trace`.
 pub fn tune(trace: &Trace, options: &Options<'_>) -> Result<Outcome, TuneError> {
+    // `stats` lines read the allocator and change nothing in it: without them, no replay of
+    // the search keeps a record per line.
+    let is_stats = |op: &Op| matches!(op.kind, OpKind::Stats { .. });
+    let stripped;
+    let trace = if trace.ops.iter().any(is_stats) {
+        let mut copy = trace.clone();
+        copy.ops.retain(|op| !is_stats(op));
+        stripped = copy;
+        &stripped
+    } else {
+        trace
+    };
     let default = evaluate(trace, options, "").map_err(TuneError)?;
     let mut search = Search {
         trace,

@@ -179,10 +179,18 @@ fn replay_one(
         }
     });
     let tick = |done: u64| progress.tick(done);
+    // Each `stats` record is printed as it is taken (`--json`) or dropped (the summary prints
+    // only the end): none is kept for the whole run.
+    let print_record = |record: StatsRecord| {
+        if args.json {
+            progress.suspend(|| print_record_json(&record, args, conf_text));
+        }
+    };
     let observe = Observe {
         series: args.plot.is_some(),
         history: args.snapshot.is_some().then_some(args.history_entries),
         progress: progress.enabled().then_some(&tick as &dyn Fn(u64)),
+        stats: Some(&print_record),
     };
     let start = Instant::now();
     let (report, observed) = match alloc_trace::replay_observed(trace, &setup, checks, &observe) {
@@ -211,13 +219,7 @@ fn replay_one(
         );
     }
     if args.json {
-        for record in report.records.iter().chain([&report.end]) {
-            let mut value = record_json(record);
-            if args.confs.len() > 1 {
-                value["conf"] = json!(conf_text);
-            }
-            say!("{value}");
-        }
+        print_record_json(&report.end, args, conf_text);
     } else {
         print_summary(path, conf_text, &report, seconds);
     }
@@ -283,11 +285,28 @@ impl Progress {
         self.tick(0);
     }
 
+    /// Runs `f` (which prints) with the bar cleared, so the two do not mix on one terminal.
+    fn suspend(&self, f: impl FnOnce()) {
+        match &self.bar {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
+    }
+
     fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
     }
+}
+
+/// Prints one record as a line of JSON, with its config when several are replayed.
+fn print_record_json(record: &StatsRecord, args: &Args, conf_text: &str) {
+    let mut value = record_json(record);
+    if args.confs.len() > 1 {
+        value["conf"] = json!(conf_text);
+    }
+    say!("{value}");
 }
 
 /// One stats record as torch's flat `memory_stats()` keys plus `label` and `line`.
