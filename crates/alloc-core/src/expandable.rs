@@ -25,6 +25,7 @@ use crate::allocator::{Allocator, Notice, Request};
 use crate::block::{Block, BlockId, VmId};
 use crate::device::{Device, VmmError};
 use crate::history::Action;
+use crate::pool::BlockPool;
 use crate::private_pool::PoolSet;
 use crate::size::{PoolKind, SMALL_BUFFER};
 
@@ -546,9 +547,15 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
-    /// Offers the device again what it refused to take back, and releases segments left wholly
-    /// unmapped by an earlier failure. What it refuses again stays parked.
-    pub(crate) fn retry_parked(&mut self) -> Result<(), VmmError<D::Error>> {
+    /// Offers the device again what it refused to take back, and releases the segments left
+    /// wholly unmapped (by an earlier failure, or a first map that ran out of memory) of every
+    /// pool (`None`) or of the pool sets in `only` (a private pool's `empty_cache`, which
+    /// leaves other pools' segments alone, as torch's). What the device refuses again stays
+    /// parked.
+    pub(crate) fn retry_parked(
+        &mut self,
+        only: Option<&[PoolSet]>,
+    ) -> Result<(), VmmError<D::Error>> {
         let pages = core::mem::take(&mut self.parked.pages);
         self.release_pages(pages);
         for (addr, bytes) in core::mem::take(&mut self.parked.ranges) {
@@ -556,9 +563,17 @@ impl<D: Device> Allocator<D> {
                 self.parked.ranges.push((addr, bytes));
             }
         }
-        let idle: Vec<BlockId> = self
-            .pools
-            .all()
+        let pools: Vec<&BlockPool<D::Stream>> = match only {
+            None => self.pools.all().collect(),
+            Some(sets) => sets
+                .iter()
+                .flat_map(|&set| {
+                    [PoolKind::Small, PoolKind::Large].map(|kind| &self.pools[(set, kind)])
+                })
+                .collect(),
+        };
+        let idle: Vec<BlockId> = pools
+            .into_iter()
             .flat_map(|p| p.unmapped.values().copied())
             .filter(|&id| !self.blocks[id].is_split())
             .collect();

@@ -139,7 +139,7 @@ impl<D: Device> Allocator<D> {
             || !self.parked.pages.is_empty()
             || !self.parked.ranges.is_empty()
         {
-            release_result(self.retry_parked())?;
+            release_result(self.retry_parked(only.map(|_| freeable.as_slice())))?;
         }
         self.retry_parked_host();
         let default = only

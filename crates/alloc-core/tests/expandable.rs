@@ -574,3 +574,28 @@ fn a_range_that_never_mapped_is_reused_and_released() {
     assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
     check_consistency(&a);
 }
+
+/// torch's `emptyCache(pool)` releases that pool's blocks only: a range of the default pool
+/// that never mapped stays reserved until a plain `empty_cache`.
+#[test]
+fn emptying_a_private_pool_leaves_the_default_pools_idle_range() {
+    let mut a = expandable(GIB, "");
+    assert!(matches!(
+        a.malloc(2 * GIB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(device(&a).2.len(), 1);
+    let pool = a.create_pool().unwrap();
+    let x = a.malloc_in(8 * MIB, S0, pool).unwrap();
+    a.free(x).unwrap();
+    a.release_pool(pool).unwrap();
+    let releases = a.device().calls(DeviceCall::ReleaseAddress);
+    a.empty_pool_cache(pool).unwrap();
+    // The pool's own range went back; the default pool's is still reserved.
+    assert_eq!(a.device().calls(DeviceCall::ReleaseAddress), releases + 1);
+    assert_eq!(device(&a).2.len(), 1);
+    assert!(a.private_pools().is_empty());
+    a.empty_cache().unwrap();
+    assert_eq!(device(&a), (0, 0, vec![]));
+    check_consistency(&a);
+}
