@@ -244,7 +244,9 @@ impl<D: Device> Allocator<D> {
             (Err(e), None) => return Err(VmmError::Other(e)),
         };
         let pages = total.saturating_add(total / 8).div_ceil(page).max(1);
-        let bytes = pages.checked_mul(page).ok_or(VmmError::OutOfMemory)?;
+        // A device of nearly 2^64 bytes: the largest range of whole pages, for the device to
+        // refuse (it has not that much address space).
+        let bytes = pages.checked_mul(page).unwrap_or(u64::MAX / page * page);
         let base = self.device.reserve_address(bytes)?;
         let vm = match self.expandable.iter().position(Option::is_none) {
             Some(i) => i,

@@ -292,6 +292,8 @@ pub struct SimDevice {
     unmap_run: Option<(u64, u64)>,
     map_runs: u64,
     unmap_runs: u64,
+    /// Requests refused because the 64-bit address space ran out (addresses are never reused).
+    address_space_refusals: u64,
 }
 
 impl Default for SimDevice {
@@ -333,7 +335,15 @@ impl SimDevice {
             unmap_run: None,
             map_runs: 0,
             unmap_runs: 0,
+            address_space_refusals: 0,
         }
+    }
+
+    /// Mallocs and range reservations refused because the 64-bit address space ran out: on a
+    /// device of several EiB, where each expandable range is 9/8 of it, a real shortage of
+    /// the simulator rather than of memory.
+    pub fn address_space_refusals(&self) -> u64 {
+        self.address_space_refusals
     }
 
     /// Builder: no virtual-memory calls (every one answers `VmmError::Unsupported`), like a
@@ -637,10 +647,14 @@ impl SimDevice {
     /// Takes `bytes` of address space aligned to [`SEGMENT_ALIGNMENT`] from the bump pointer;
     /// `None` when the 64-bit address space is exhausted.
     fn take_addresses(&mut self, bytes: u64) -> Option<u64> {
-        let addr = self
+        let Some(addr) = self
             .next_addr
             .checked_next_multiple_of(SEGMENT_ALIGNMENT)
-            .filter(|a| a.checked_add(bytes).is_some())?;
+            .filter(|a| a.checked_add(bytes).is_some())
+        else {
+            self.address_space_refusals += 1;
+            return None;
+        };
         self.next_addr = addr + bytes;
         Some(addr)
     }

@@ -627,6 +627,8 @@ enum Outcome {
 struct Before {
     stats: DeviceStats,
     calls: [u64; DeviceCall::ALL.len()],
+    /// The simulator's address-space refusals.
+    address_space_refusals: u64,
     /// Whether expandable segments were on.
     expandable: bool,
     /// The `max_split_size_mb` in force.
@@ -777,6 +779,7 @@ impl Executor {
         let before = self.checks.is_some().then(|| Before {
             stats: self.alloc.stats(),
             calls: self.calls(),
+            address_space_refusals: self.alloc.device().address_space_refusals(),
             expandable: self.alloc.conf().expandable_segments,
             max_split_size: self.alloc.conf().max_split_size,
         });
@@ -1792,7 +1795,10 @@ impl Executor {
                         ),
                     ));
                 }
-                if !fired_oom && !full && !limited {
+                // The simulator never reuses an address: on a device of several EiB, the
+                // 64-bit address space can run out before its memory does.
+                let no_addresses = device.address_space_refusals() != before.address_space_refusals;
+                if !fired_oom && !full && !limited && !no_addresses {
                     return Err(broken(
                         Rule::SpuriousOutOfMemory,
                         format!(

@@ -210,6 +210,40 @@ fn a_reserve_past_8_eib_is_out_of_memory() {
 }
 
 #[test]
+fn expandable_ranges_past_the_address_space_are_out_of_memory_under_check() {
+    // Each expandable range is 9/8 of the device: on a 4 EiB device the simulator's 64-bit
+    // address space (never reused) holds three such ranges, so the fourth reservation (after
+    // three rounds of reserve, then give back) is refused. `--check` judges that out-of-memory
+    // as legitimate; on a 2^64-byte device the first range cannot be reserved at all.
+    let mut text = String::from(
+        "capacity 4611686018427387904
+pad 0
+",
+    );
+    text.push_str(
+        "set_allocator_settings expandable_segments:True
+",
+    );
+    for i in 0..4 {
+        text.push_str(&format!(
+            "alloc a{i} 1048576
+free a{i}
+empty_cache
+"
+        ));
+    }
+    let trace = alloc_trace::parse_str("ranges.trace", &text).unwrap();
+    let setup = Setup::from_trace(&trace, alloc_conf::AllocConf::default(), None, None);
+    let r = alloc_trace::replay_checked(&trace, &setup, alloc_trace::Checks::default()).unwrap();
+    assert_eq!(r.counts.ooms, 1);
+    let text = text.replace("4611686018427387904", "18446744073709551615");
+    let trace = alloc_trace::parse_str("ranges.trace", &text).unwrap();
+    let setup = Setup::from_trace(&trace, alloc_conf::AllocConf::default(), None, None);
+    let r = alloc_trace::replay_checked(&trace, &setup, alloc_trace::Checks::default()).unwrap();
+    assert_eq!(r.counts.ooms, 4);
+}
+
+#[test]
 fn a_double_free_in_a_parked_range_is_not_allocated() {
     // The device refuses to release an expandable segment's reserved range at `empty_cache`, so
     // the allocator parks the range for the next try and forgets the segment. A second free of
