@@ -209,7 +209,7 @@ pub struct Allocator<D: Device> {
     pub(crate) expandable: Vec<Option<ExpandableSegment<D::Page>>>,
     /// Live expandable segments: while there are none, best fit takes the fast path.
     pub(crate) live_expandable: usize,
-    /// Pages and ranges the device refused to take back.
+    /// Pages and ranges the device refused to take back, and pages kept for later maps.
     pub(crate) parked: Parked<D::Page>,
     /// The memory saver's segments and figures.
     pub(crate) saver: Saver<D::Page, D::HostBuffer>,
@@ -391,7 +391,18 @@ impl<D: Device> Allocator<D> {
         if pool.is_default() {
             return self.release_cached_blocks();
         }
-        self.release_cached_blocks_of(Some(pool))
+        self.release_cached_blocks_of(Some(pool), true)
+    }
+
+    /// torch_npu's `empty_virt_addr_cache()`, a lighter `empty_cache`: the same release, except
+    /// that the pages unmapped from expandable segments are kept (torch_npu's
+    /// `free_physical_handles_`) and mapped again by the next misses of their pool instead of
+    /// new ones; `empty_cache` and the OOM retry chain free them. Statistics move as with
+    /// `empty_cache` (`reserved_bytes` falls by the unmapped pages); the kept pages are in
+    /// [`Allocator::held`]. torch_npu refuses the call without expandable segments; the runtime
+    /// does, here it is `empty_cache` keeping any pages already cached.
+    pub fn empty_virt_addr_cache(&mut self) -> Result<(), D::Error> {
+        self.release_cached_blocks_of(None, false)
     }
 
     /// `set_per_process_memory_fraction`: limits the bytes of all segments to `fraction` of the

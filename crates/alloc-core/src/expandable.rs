@@ -71,12 +71,16 @@ impl<P> ExpandableSegment<P> {
     }
 }
 
-/// What the device refused to take back; offered again at the next `empty_cache`.
+/// Device resources held outside the segments: what the device refused to take back (offered
+/// again at the next `empty_cache`), and the pages `empty_virt_addr_cache` unmapped and kept.
 #[derive(Debug)]
 pub(crate) struct Parked<P> {
     pub(crate) pages: Vec<P>,
     /// Reserved ranges as (address, bytes).
     pub(crate) ranges: Vec<(u64, u64)>,
+    /// torch_npu's `free_physical_handles_`: pages unmapped by `empty_virt_addr_cache`, each
+    /// kept for the next map in its pool, and released by `empty_cache`.
+    pub(crate) cached: Vec<CachedPage<P>>,
 }
 
 impl<P> Default for Parked<P> {
@@ -84,7 +88,30 @@ impl<P> Default for Parked<P> {
         Parked {
             pages: Vec::new(),
             ranges: Vec::new(),
+            cached: Vec::new(),
         }
+    }
+}
+
+/// A physical page kept unmapped for the next map of its pool (torch_npu keeps one list per
+/// `BlockPool`; a page only fits a segment of its own page size).
+#[derive(Debug)]
+pub(crate) struct CachedPage<P> {
+    set: PoolSet,
+    pool: PoolKind,
+    bytes: u64,
+    page: P,
+}
+
+impl<P> Parked<P> {
+    /// The last page cached for (`set`, `pool`) of `bytes` bytes, as torch_npu takes its
+    /// list's back.
+    fn take_cached(&mut self, set: PoolSet, pool: PoolKind, bytes: u64) -> Option<P> {
+        let i = self
+            .cached
+            .iter()
+            .rposition(|c| c.set == set && c.pool == pool && c.bytes == bytes)?;
+        Some(self.cached.remove(i).page)
     }
 }
 
@@ -106,13 +133,19 @@ pub struct ExpandableInfo<S> {
 }
 
 /// Device resources the allocator holds outside its segments: pages and ranges the device
-/// refused to take back, kept to be offered again at the next `empty_cache`.
+/// refused to take back, kept to be offered again at the next `empty_cache`, and the pages
+/// `empty_virt_addr_cache` unmapped and keeps for later maps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Held {
-    /// Physical pages created and not mapped.
+    /// Physical pages created and not mapped, which the device refused to take back.
     pub pages: usize,
     /// Reserved virtual ranges with no segment.
     pub ranges: usize,
+    /// Physical pages kept by `empty_virt_addr_cache` for the next maps (torch_npu's
+    /// `free_physical_handles_`): device memory that no statistic counts.
+    pub cached_pages: usize,
+    /// Their bytes.
+    pub cached_bytes: u64,
 }
 
 impl<D: Device> Allocator<D> {
@@ -298,7 +331,7 @@ impl<D: Device> Allocator<D> {
         let page = seg.page;
         let begin = (addr - seg.base) / page;
         let end = (addr + bytes - seg.base).div_ceil(page);
-        let (pages, error) = self.map_pages(vm, begin, end);
+        let (pages, error) = self.map_pages(vm, (set, pool), begin, end);
         let mapped = pages * page;
         if mapped == 0 {
             return Err(error.unwrap_or(VmmError::OutOfMemory));
@@ -340,10 +373,17 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// torch's `ExpandableSegment::map`: creates a page for each index in `begin..end`, then maps
-    /// them in order. Returns how many pages from `begin` on are mapped, and the error that
-    /// stopped it. A failed creation releases every page this call created.
-    fn map_pages(&mut self, vm: VmId, begin: u64, end: u64) -> (u64, Option<VmmError<D::Error>>) {
+    /// torch's `ExpandableSegment::map`: takes a page for each index in `begin..end` (one the
+    /// pool cached, else a new one), then maps them in order. Returns how many pages from
+    /// `begin` on are mapped, and the error that stopped it. A failed creation releases every
+    /// page this call took, cached ones included, as torch_npu frees them.
+    fn map_pages(
+        &mut self,
+        vm: VmId,
+        (set, pool): (PoolSet, PoolKind),
+        begin: u64,
+        end: u64,
+    ) -> (u64, Option<VmmError<D::Error>>) {
         let seg = self.expandable[vm.index()]
             .as_mut()
             .expect("a block's expandable segment is live");
@@ -354,6 +394,10 @@ impl<D: Device> Allocator<D> {
         }
         for i in b..e {
             debug_assert!(seg.pages[i].is_none());
+            if let Some(p) = self.parked.take_cached(set, pool, page) {
+                seg.pages[i] = Some(p);
+                continue;
+            }
             match self.device.create_page(page) {
                 Ok(p) => seg.pages[i] = Some(p),
                 Err(error) => {
@@ -395,10 +439,13 @@ impl<D: Device> Allocator<D> {
     /// torch's `unmap_block`: unmaps the whole pages strictly inside free block `id` after a
     /// device synchronization; the free bytes before and after them stay mapped as free blocks.
     /// The unmapped range merges with unmapped neighbours and joins the pool's `unmapped` set.
-    /// Returns it, or `None` when no whole page lay inside the block.
+    /// Returns it, or `None` when no whole page lay inside the block. With `keep`
+    /// (`empty_virt_addr_cache`) the pages are cached for the pool's next maps instead of
+    /// freed.
     pub(crate) fn unmap_block(
         &mut self,
         id: BlockId,
+        keep: bool,
     ) -> Result<Option<BlockId>, VmmError<D::Error>> {
         let block = &self.blocks[id];
         let (addr, size, stream, pool, set) =
@@ -411,7 +458,7 @@ impl<D: Device> Allocator<D> {
         if begin >= end {
             return Ok(None);
         }
-        let (pages, error) = self.unmap_pages(vm, begin, end);
+        let (pages, error) = self.unmap_pages(vm, keep.then_some((set, pool)), begin, end);
         if pages == 0 {
             return error.map_or(Ok(None), Err);
         }
@@ -475,10 +522,16 @@ impl<D: Device> Allocator<D> {
         }
     }
 
-    /// torch_npu's `unmapHandles`: synchronizes the device, then unmaps and frees each page of
-    /// `begin..end` in order. Returns how many pages from `begin` on were unmapped, and the error
-    /// that stopped it.
-    fn unmap_pages(&mut self, vm: VmId, begin: u64, end: u64) -> (u64, Option<VmmError<D::Error>>) {
+    /// torch_npu's `unmapHandles`: synchronizes the device, then unmaps each page of
+    /// `begin..end` in order and frees it, or caches it for pool `keep`. Returns how many pages
+    /// from `begin` on were unmapped, and the error that stopped it.
+    fn unmap_pages(
+        &mut self,
+        vm: VmId,
+        keep: Option<(PoolSet, PoolKind)>,
+        begin: u64,
+        end: u64,
+    ) -> (u64, Option<VmmError<D::Error>>) {
         if let Err(e) = self.device.synchronize() {
             return (0, Some(VmmError::Other(e)));
         }
@@ -492,7 +545,14 @@ impl<D: Device> Allocator<D> {
                 return (i - begin, Some(e));
             }
             let p = seg.pages[i as usize].take().expect("a mapped page");
-            if let Err((p, _)) = self.device.release_page(p) {
+            if let Some((set, pool)) = keep {
+                self.parked.cached.push(CachedPage {
+                    set,
+                    pool,
+                    bytes: page,
+                    page: p,
+                });
+            } else if let Err((p, _)) = self.device.release_page(p) {
                 self.parked.pages.push(p);
             }
         }
@@ -529,24 +589,41 @@ impl<D: Device> Allocator<D> {
     }
 
     /// torch's `release_blocks` for the expandable part of a pool: unmaps every free block's
-    /// inner pages, in pool order, and releases each segment left wholly unmapped.
+    /// inner pages, in pool order, and releases each segment left wholly unmapped. The pages
+    /// are freed, or with `keep` cached for the pool's next maps.
     pub(crate) fn release_expandable_blocks(
         &mut self,
         set: PoolSet,
         pool: PoolKind,
+        keep: bool,
     ) -> Result<(), VmmError<D::Error>> {
         let free: Vec<BlockId> = self.pools[(set, pool)]
             .iter()
             .filter(|&id| self.blocks[id].is_expandable())
             .collect();
         for id in free {
-            if let Some(uid) = self.unmap_block(id)?
+            if let Some(uid) = self.unmap_block(id, keep)?
                 && !self.blocks[uid].is_split()
             {
                 self.release_expandable_segment(uid)?;
             }
         }
         Ok(())
+    }
+
+    /// The end of torch_npu's `release_blocks` with `free_physical`: frees the pages cached for
+    /// (`set`, `pool`), or for every pool of `set` (`None`: a private pool being forgotten).
+    /// Any the device refuses are parked.
+    pub(crate) fn release_cached_pages(&mut self, set: PoolSet, pool: Option<PoolKind>) {
+        if self.parked.cached.is_empty() {
+            return;
+        }
+        let (cached, kept) = core::mem::take(&mut self.parked.cached)
+            .into_iter()
+            .partition(|c| c.set == set && pool.is_none_or(|p| c.pool == p));
+        self.parked.cached = kept;
+        let cached: Vec<CachedPage<D::Page>> = cached;
+        self.release_pages(cached.into_iter().map(|c| c.page).collect());
     }
 
     /// Offers the device again what it refused to take back, and releases the segments left
@@ -609,6 +686,8 @@ impl<D: Device> Allocator<D> {
         Held {
             pages: self.parked.pages.len(),
             ranges: self.parked.ranges.len(),
+            cached_pages: self.parked.cached.len(),
+            cached_bytes: self.parked.cached.iter().map(|c| c.bytes).sum(),
         }
     }
 }

@@ -443,6 +443,8 @@ impl<D: crate::Device> crate::Allocator<D> {
     pub(crate) fn forget_empty_pools(&mut self, sets: &[PoolSet]) {
         for &set in sets {
             if self.pools.private(set).is_some_and(|p| p.segments == 0) {
+                // Its slot may serve another pool: no page stays cached for it.
+                self.release_cached_pages(set, None);
                 self.pools.remove(set);
             }
         }

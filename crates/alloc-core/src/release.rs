@@ -113,17 +113,19 @@ impl<D: Device> Allocator<D> {
     /// of expandable segments, and do the same (small, then large) in every freeable private
     /// pool, forgetting those left without segments. Split segments stay.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), D::Error> {
-        self.release_cached_blocks_of(None)
+        self.release_cached_blocks_of(None, true)
     }
 
     /// [`Allocator::release_cached_blocks`] for every pool (`None`), or for private pool
     /// `Some(id)` alone (torch_npu's `emptyCache(id)`): the device is synchronized, and only if
     /// the pool is freeable are the events of its blocks completed (counted in
     /// `num_sync_all_streams`) and its free segments given back; other blocks' events stay
-    /// pending.
+    /// pending. With `free_physical` (all but `empty_virt_addr_cache`) the pages unmapped are
+    /// freed, and so are those cached before; without, they are cached for later maps.
     pub(crate) fn release_cached_blocks_of(
         &mut self,
         only: Option<PoolId>,
+        free_physical: bool,
     ) -> Result<(), D::Error> {
         let freeable = self.freeable_sets(only);
         if only.is_none() {
@@ -160,7 +162,10 @@ impl<D: Device> Allocator<D> {
                     self.release_block(id)?;
                 }
                 if self.live_expandable > 0 {
-                    release_result(self.release_expandable_blocks(set, pool))?;
+                    release_result(self.release_expandable_blocks(set, pool, !free_physical))?;
+                }
+                if free_physical {
+                    self.release_cached_pages(set, Some(pool));
                 }
             }
         }

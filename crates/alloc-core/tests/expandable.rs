@@ -599,3 +599,91 @@ fn emptying_a_private_pool_leaves_the_default_pools_idle_range() {
     assert_eq!(device(&a), (0, 0, vec![]));
     check_consistency(&a);
 }
+
+/// (pages created, pages released, map calls) on the device.
+fn page_calls(a: &alloc_core::Allocator<TestDevice>) -> (u64, u64, u64) {
+    let d = a.device();
+    (
+        d.calls(DeviceCall::CreatePage),
+        d.calls(DeviceCall::ReleasePage),
+        d.calls(DeviceCall::Map),
+    )
+}
+
+/// torch_npu's `test_empty_virt_addr_cache`: `empty_virt_addr_cache` unmaps as `empty_cache`
+/// does (reserved back to 0, the peak kept) but keeps the physical pages; the next allocation
+/// maps them again without creating any, and `empty_cache` frees them.
+#[test]
+fn empty_virt_addr_cache_keeps_the_pages_for_the_next_map() {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(50 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    assert_eq!(page_calls(&a), (3, 0, 3));
+    a.empty_virt_addr_cache().unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.peak"), (60 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_free"), 1);
+    // Nothing mapped, the range given back, three pages still alive on the device.
+    assert_eq!(device(&a), (3, 0, vec![]));
+    let held = a.held();
+    assert_eq!((held.cached_pages, held.cached_bytes), (3, 60 * MIB));
+    check_consistency(&a);
+
+    // A new range, mapped with the three cached pages: none created.
+    let y = a.malloc(50 * MIB, S0).unwrap();
+    assert_eq!(page_calls(&a), (3, 0, 6));
+    assert_eq!(a.held().cached_pages, 0);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (60 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_alloc"), 2);
+    check_consistency(&a);
+
+    a.free(y).unwrap();
+    a.empty_virt_addr_cache().unwrap();
+    assert_eq!(a.held().cached_pages, 3);
+    a.empty_cache().unwrap();
+    assert_eq!(page_calls(&a), (3, 3, 6));
+    assert_eq!(a.held().cached_pages, 0);
+    assert_eq!(device(&a), (0, 0, vec![]));
+    check_consistency(&a);
+}
+
+/// Cached pages belong to their pool: another pool creates its own, and when the device runs
+/// out, the OOM retry chain's `release_cached_blocks` frees the cache (torch_npu calls it with
+/// `free_physical`) and the retry succeeds.
+#[test]
+fn the_retry_chain_frees_cached_pages() {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(600 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    a.empty_virt_addr_cache().unwrap();
+    assert_eq!(a.held().cached_pages, 30);
+    let pool = a.create_pool().unwrap();
+    let y = a.malloc_in(600 * MIB, S0, pool).unwrap();
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    assert_eq!(a.held().cached_pages, 0);
+    // 30 pages for x. For y, 21 created in the 424 MiB left and a 22nd refused; the 21
+    // released (as torch_npu frees a failed map's handles), then the 30 cached by the retry,
+    // and 30 created for the pool.
+    assert_eq!(page_calls(&a).0, 30 + 22 + 30);
+    assert_eq!(page_calls(&a).1, 21 + 30);
+    a.free(y).unwrap();
+    check_consistency(&a);
+}
+
+/// A private pool forgotten after `empty_virt_addr_cache` frees the pages cached for it: its
+/// slot may serve another pool.
+#[test]
+fn a_forgotten_pool_frees_its_cached_pages() {
+    let mut a = expandable(GIB, "");
+    let pool = a.create_pool().unwrap();
+    let x = a.malloc_in(40 * MIB, S0, pool).unwrap();
+    a.free(x).unwrap();
+    a.release_pool(pool).unwrap();
+    a.empty_virt_addr_cache().unwrap();
+    assert!(a.private_pools().is_empty());
+    assert_eq!(a.held().cached_pages, 0);
+    assert_eq!(page_calls(&a), (2, 2, 2));
+    assert_eq!(device(&a), (0, 0, vec![]));
+    check_consistency(&a);
+}

@@ -340,8 +340,8 @@ pub fn check_allocations<D: Device + AsRef<SimDevice>>(
 }
 
 /// Nothing of virtual memory leaks: the device's live pages are the pages mapped in expandable
-/// segments plus those the allocator holds, and its reserved ranges are exactly the segments'
-/// ranges plus those held.
+/// segments plus those the allocator holds (refused, or cached by `empty_virt_addr_cache`), and
+/// its reserved ranges are exactly the segments' ranges plus those held.
 fn check_virtual_memory<D: Device>(
     alloc: &Allocator<D>,
     device: &SimDevice,
@@ -350,7 +350,10 @@ fn check_virtual_memory<D: Device>(
     let saver = alloc.saver_segments();
     let held = alloc.held();
     let saver_pages = saver.iter().filter(|s| s.2).count();
-    let pages = segments.iter().map(|e| e.mapped_pages).sum::<usize>() + saver_pages + held.pages;
+    let pages = segments.iter().map(|e| e.mapped_pages).sum::<usize>()
+        + saver_pages
+        + held.pages
+        + held.cached_pages;
     if pages != device.live_pages() {
         return Err(Inconsistency::PageLedger {
             allocator: pages,

@@ -443,6 +443,15 @@ impl SimDevice {
         self.map_runs
     }
 
+    /// The next `map` or `unmap` starts a run of its own. A caller marks where its own calls
+    /// begin: with pages cached by `empty_virt_addr_cache`, one malloc's maps can follow the
+    /// last malloc's with no device call between them.
+    #[inline]
+    pub fn end_runs(&mut self) {
+        self.last_call = None;
+        self.unmap_run = None;
+    }
+
     /// Runs of successful `unmap` calls of consecutive pages of one reserved range, with only
     /// `release_page` calls between them: one per unmapped range of the allocator (torch's
     /// `num_device_free` per `unmap_block`).

@@ -842,9 +842,21 @@ impl Executor {
                 }
                 Outcome::Complete
             }
-            OpKind::EmptyCache => {
+            OpKind::EmptyCache {
+                free_physical: true,
+            } => {
                 self.counts.empty_caches += 1;
                 Outcome::EmptyCache(self.alloc.empty_cache())
+            }
+            // torch_npu refuses the call without expandable segments, before it does anything.
+            OpKind::EmptyCache {
+                free_physical: false,
+            } if !self.alloc.conf().expandable_segments => Outcome::Done,
+            OpKind::EmptyCache {
+                free_physical: false,
+            } => {
+                self.counts.empty_caches += 1;
+                Outcome::EmptyCache(self.alloc.empty_virt_addr_cache())
             }
             OpKind::Fraction(f) => {
                 self.alloc
@@ -932,6 +944,8 @@ impl Executor {
                 allocated_at: line,
             }));
         }
+        // This malloc's map calls are not the last one's (the device counts runs of them).
+        self.alloc.device_mut().end_runs();
         let result = match self.scopes.last() {
             Some(&(_, pool)) => self.alloc.malloc_in(size, SimStream(stream), pool),
             None => self.alloc.malloc(size, SimStream(stream)),

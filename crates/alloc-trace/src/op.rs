@@ -104,8 +104,12 @@ pub enum OpKind {
         /// The stream, or `None` for all streams.
         stream: Option<u64>,
     },
-    /// `empty_cache`.
-    EmptyCache,
+    /// `empty_cache`, or `empty_virt_addr_cache` (torch_npu's lighter one, which keeps the
+    /// physical pages it unmaps for later maps) when `free_physical` is false.
+    EmptyCache {
+        /// `empty_cache` (true) or `empty_virt_addr_cache` (false), torch_npu's flag.
+        free_physical: bool,
+    },
     /// `fraction <f>`: `set_per_process_memory_fraction(f)`, `f` in `[0, 1]`.
     Fraction(f64),
     /// `reset_peak`: `reset_peak_memory_stats()`.
@@ -192,7 +196,12 @@ impl OpKind {
             OpKind::Free { .. } => "free",
             OpKind::Record { .. } => "record",
             OpKind::Complete { .. } => "complete",
-            OpKind::EmptyCache => "empty_cache",
+            OpKind::EmptyCache {
+                free_physical: true,
+            } => "empty_cache",
+            OpKind::EmptyCache {
+                free_physical: false,
+            } => "empty_virt_addr_cache",
             OpKind::Fraction(_) => "fraction",
             OpKind::ResetPeak => "reset_peak",
             OpKind::ResetAccumulated => "reset_accumulated",

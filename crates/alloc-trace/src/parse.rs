@@ -168,7 +168,7 @@ pub enum TraceErrorKind {
 
 /// Every keyword of the format (directives and operations), for the "keywords are lower case"
 /// hint and for tests that generate traces.
-pub const KEYWORDS: [&str; 31] = [
+pub const KEYWORDS: [&str; 32] = [
     "capacity",
     "conf",
     "device_overhead",
@@ -179,6 +179,7 @@ pub const KEYWORDS: [&str; 31] = [
     "record",
     "complete",
     "empty_cache",
+    "empty_virt_addr_cache",
     "fraction",
     "reset_peak",
     "reset_accumulated",
@@ -619,7 +620,15 @@ impl<'a> Parser<'a> {
             }
             "empty_cache" => {
                 args.end()?;
-                OpKind::EmptyCache
+                OpKind::EmptyCache {
+                    free_physical: true,
+                }
+            }
+            "empty_virt_addr_cache" => {
+                args.end()?;
+                OpKind::EmptyCache {
+                    free_physical: false,
+                }
             }
             "fraction" => {
                 let f = fraction_arg(args.need("<fraction>")?)?;
@@ -858,7 +867,8 @@ mod tests {
     #[test]
     fn every_operation() {
         let text = "alloc a 1K\nalloc b 2M 3\nrecord a 7\nfree a\ncomplete\ncomplete 7\n\
-                    empty_cache\nfraction 0.5\nreset_peak\nreset_accumulated\nstats\nstats mid\n";
+                    empty_cache\nempty_virt_addr_cache\nfraction 0.5\nreset_peak\nreset_accumulated\nstats\n\
+                    stats mid\n";
         let t = parse(text).unwrap();
         let a = IdRef(0);
         let b = IdRef(1);
@@ -880,7 +890,12 @@ mod tests {
                 OpKind::Free { id: a },
                 OpKind::Complete { stream: None },
                 OpKind::Complete { stream: Some(7) },
-                OpKind::EmptyCache,
+                OpKind::EmptyCache {
+                    free_physical: true
+                },
+                OpKind::EmptyCache {
+                    free_physical: false
+                },
                 OpKind::Fraction(0.5),
                 OpKind::ResetPeak,
                 OpKind::ResetAccumulated,
@@ -891,9 +906,10 @@ mod tests {
             ]
         );
         let lines: Vec<_> = t.ops.iter().map(|o| o.line).collect();
-        assert_eq!(lines, (1..=12).collect::<Vec<_>>());
+        assert_eq!(lines, (1..=13).collect::<Vec<_>>());
         let keywords: Vec<_> = t.ops.iter().map(|o| o.kind.keyword()).collect();
         assert_eq!(keywords[..4], ["alloc", "alloc", "record", "free"]);
+        assert_eq!(keywords[6..8], ["empty_cache", "empty_virt_addr_cache"]);
         assert_eq!(t.id_name(a), "a");
         assert_eq!(t.id_name(b), "b");
         assert_eq!(t.id_name(IdRef(99)), "?");

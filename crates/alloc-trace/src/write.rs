@@ -68,7 +68,7 @@ impl fmt::Display for Line<'_> {
             },
             OpKind::Complete { stream: None }
             | OpKind::Stats { label: None }
-            | OpKind::EmptyCache
+            | OpKind::EmptyCache { .. }
             | OpKind::ResetPeak
             | OpKind::ResetAccumulated
             | OpKind::Pool(PoolOp::End)

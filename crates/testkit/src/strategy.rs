@@ -49,7 +49,7 @@ pub fn api_op() -> impl Strategy<Value = OpKind> {
         6 => id().prop_map(|id| OpKind::Free { id }),
         2 => (id(), stream()).prop_map(|(id, stream)| OpKind::Record { id, stream }),
         2 => prop::option::of(stream()).prop_map(|stream| OpKind::Complete { stream }),
-        1 => Just(OpKind::EmptyCache),
+        1 => any::<bool>().prop_map(|free_physical| OpKind::EmptyCache { free_physical }),
     ]
 }
 

@@ -78,6 +78,9 @@ pub(crate) struct Generator {
     scopes: Vec<Option<String>>,
     /// Pools created, by name, with whether the run still holds them.
     pools: Vec<(String, bool)>,
+    /// `empty_cache` lines drawn: every third is `empty_virt_addr_cache` (counted, not drawn,
+    /// so that every seed's other operations stay what they were).
+    empty_caches: u64,
 }
 
 /// The memory-saver tags drawn: weights kept through pauses by a CPU backup, a KV cache not.
@@ -98,6 +101,7 @@ impl Generator {
             freed: VecDeque::new(),
             scopes: Vec::new(),
             pools: Vec::new(),
+            empty_caches: 0,
         }
     }
 
@@ -351,7 +355,12 @@ impl Generator {
                 stream: (!self.rng.chance(0.25))
                     .then(|| self.rng.below(self.params.streams.max(1))),
             },
-            4 => OpKind::EmptyCache,
+            4 => {
+                self.empty_caches += 1;
+                OpKind::EmptyCache {
+                    free_physical: !self.empty_caches.is_multiple_of(3),
+                }
+            }
             5 => OpKind::Fraction(self.rng.pick(&[1.0, 1.0, 0.9, 0.75, 0.5, 0.25, 0.0])),
             6 => OpKind::ResetPeak,
             7 => OpKind::ResetAccumulated,
@@ -415,7 +424,18 @@ mod tests {
         assert!(has(|o| matches!(o, OpKind::Record { .. })));
         assert!(has(|o| matches!(o, OpKind::Complete { stream: None })));
         assert!(has(|o| matches!(o, OpKind::Complete { stream: Some(_) })));
-        assert!(has(|o| matches!(o, OpKind::EmptyCache)));
+        assert!(has(|o| matches!(
+            o,
+            OpKind::EmptyCache {
+                free_physical: true
+            }
+        )));
+        assert!(has(|o| matches!(
+            o,
+            OpKind::EmptyCache {
+                free_physical: false
+            }
+        )));
         assert!(has(|o| matches!(o, OpKind::Fraction(_))));
         assert!(has(|o| matches!(o, OpKind::ResetPeak)));
         assert!(has(|o| matches!(o, OpKind::ResetAccumulated)));
