@@ -203,6 +203,13 @@ enum NpuAllocStatus npu_alloc_reset_peak_memory_stats(int device);
 enum NpuAllocStatus npu_alloc_empty_cache(void);
 
 /**
+ * torch_npu's `empty_virt_addr_cache()`: as `npu_alloc_empty_cache`, but the pages unmapped
+ * from expandable segments are kept for later maps instead of freed (`npu_alloc_empty_cache`
+ * frees them). `Refused` without `expandable_segments:True`, with torch_npu's message.
+ */
+enum NpuAllocStatus npu_alloc_empty_virt_addr_cache(void);
+
+/**
  * `memory_stats(device)` as a JSON object of torch's flat keys, NUL-terminated, into `buf`
  * (`len` bytes). `*needed` (when not NULL) gets the length with the NUL; a buffer too small
  * gets nothing and the status says so.

@@ -54,7 +54,9 @@ fn op(i: usize, ids: &[IdRef], [k, a, b, c]: [u8; 4]) -> OpKind {
         6 => OpKind::Complete {
             stream: (b & 1 == 0).then_some(c64 % 4),
         },
-        7 => OpKind::EmptyCache,
+        7 => OpKind::EmptyCache {
+            free_physical: a & 1 == 0,
+        },
         8 => OpKind::Fraction([1.0, 0.9, 0.5, 0.25, 0.0][usize::from(a % 5)]),
         9 if a & 1 == 0 => OpKind::ResetPeak,
         9 => OpKind::ResetAccumulated,

@@ -53,8 +53,11 @@ fuzz_target!(|data: &[u8]| {
             5 if !live.is_empty() => {
                 let _ = rt.record_stream(live[(a as usize) % live.len()], stream);
             }
-            6 => {
+            6 if a & 1 == 0 => {
                 let _ = rt.empty_cache();
+            }
+            6 => {
+                let _ = rt.empty_virt_addr_cache();
             }
             7 => {
                 let _ = rt.set_per_process_memory_fraction(

@@ -28,7 +28,7 @@ __all__ = [
     "NpuAllocError", "OutOfMemoryError", "library_path", "malloc", "free", "memory_stats",
     "memory_summary", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
-    "empty_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
+    "empty_cache", "empty_virt_addr_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
     "record_memory_history", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
     "use_mem_pool",
     "region", "pause", "resume", "disable", "memory_saver", "memory_saver_stats",
@@ -91,6 +91,7 @@ def _load():
             "npu_alloc_record_stream_handle": ([c_void, c_void], c_int),
             "npu_alloc_erase_stream_handle": ([c_void, c_void], c_int),
             "npu_alloc_empty_cache": ([], c_int),
+            "npu_alloc_empty_virt_addr_cache": ([], c_int),
             "npu_alloc_memory_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
             "npu_alloc_memory_saver_stats": ([c_int, c_char, c_size, ctypes.POINTER(c_size)], c_int),
             "npu_alloc_memory_summary": ([c_int, ctypes.c_bool, c_char, c_size, ctypes.POINTER(c_size)],
@@ -305,6 +306,13 @@ def _fetch_text(fetch, *args):
 def empty_cache():
     """Gives every whole free segment back, after the synchronize hook."""
     _check(_load().npu_alloc_empty_cache())
+
+
+def empty_virt_addr_cache():
+    """torch_npu's ``empty_virt_addr_cache()``: ``empty_cache``, except that the pages of
+    expandable segments are unmapped and kept for the next allocations instead of freed
+    (``empty_cache`` frees them). Needs ``expandable_segments:True``."""
+    _check(_load().npu_alloc_empty_virt_addr_cache())
 
 
 def mem_get_info(device=None):

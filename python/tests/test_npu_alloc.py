@@ -547,5 +547,30 @@ class Selftest(unittest.TestCase):
         self.assertIn("allocated_bytes.all.peak     26216960", out)
 
 
+@needs_fake
+class VirtAddrCache(unittest.TestCase):
+    def test_the_pages_are_unmapped_kept_and_mapped_again(self):
+        with self.assertRaisesRegex(npu_alloc.NpuAllocError, "please enable expandable_segments"):
+            npu_alloc.empty_virt_addr_cache()
+        npu_alloc.set_allocator_settings("expandable_segments:True")
+        try:
+            npu_alloc.empty_cache()  # what earlier tests left cached goes first
+            npu_alloc.free(npu_alloc.malloc(30 * MIB))
+            reserved = npu_alloc.memory_reserved(0)
+            created = FAKE.fake_acl_calls(b"aclrtMallocPhysical")
+            freed = FAKE.fake_acl_calls(b"aclrtFreePhysical")
+            npu_alloc.empty_virt_addr_cache()
+            self.assertEqual(npu_alloc.memory_reserved(0), reserved - 40 * MIB)
+            self.assertEqual(FAKE.fake_acl_calls(b"aclrtFreePhysical"), freed)
+            p = npu_alloc.malloc(30 * MIB)
+            self.assertEqual(FAKE.fake_acl_calls(b"aclrtMallocPhysical"), created)
+            npu_alloc.free(p)
+            npu_alloc.empty_cache()
+            self.assertEqual(FAKE.fake_acl_calls(b"aclrtFreePhysical"), freed + 2)
+        finally:
+            npu_alloc.set_allocator_settings("expandable_segments:False")
+            npu_alloc.empty_cache()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -281,10 +281,17 @@ fn one_call(
             }
         }
         850..=899 => fake.complete_all_events(),
-        900..=919 if rt.empty_cache().is_err() => {
+        900..=909 if rt.empty_cache().is_err() => {
             counts.errors.fetch_add(1, Ordering::Relaxed);
         }
-        900..=919 => {}
+        900..=909 => {}
+        // Without expandable segments refused, as torch_npu refuses it.
+        910..=919 => match rt.empty_virt_addr_cache() {
+            Ok(()) | Err(npu_runtime::RuntimeError::NotExpandable) => {}
+            Err(_) => {
+                counts.errors.fetch_add(1, Ordering::Relaxed);
+            }
+        },
         920..=959 => {
             let stats = rt.device_stats(device).unwrap();
             let (allocated, reserved) = (

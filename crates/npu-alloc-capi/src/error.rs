@@ -109,6 +109,7 @@ impl From<RuntimeError<AclError>> for Fail {
             | RuntimeError::Alloc(AllocError::Paused { .. } | AllocError::Pool(_))
             | RuntimeError::ScopeNotOpen
             | RuntimeError::NoCaching
+            | RuntimeError::NotExpandable
             | RuntimeError::Snapshot(_) => NpuAllocStatus::Refused,
             // What is left is a device's failure (a call, or a total it does not report).
             _ => NpuAllocStatus::DeviceError,

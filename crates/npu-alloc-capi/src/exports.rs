@@ -345,6 +345,19 @@ pub extern "C" fn npu_alloc_empty_cache() -> NpuAllocStatus {
     })
 }
 
+/// torch_npu's `empty_virt_addr_cache()`: as `npu_alloc_empty_cache`, but the pages unmapped
+/// from expandable segments are kept for later maps instead of freed (`npu_alloc_empty_cache`
+/// frees them). `Refused` without `expandable_segments:True`, with torch_npu's message.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_empty_virt_addr_cache() -> NpuAllocStatus {
+    status_keeping_device(|| {
+        let rt = runtime()?;
+        rt.check_expandable()?;
+        synchronize_before_release(rt, None)?;
+        Ok(rt.empty_virt_addr_cache()?)
+    })
+}
+
 /// `memory_stats(device)` as a JSON object of torch's flat keys, NUL-terminated, into `buf`
 /// (`len` bytes). `*needed` (when not NULL) gets the length with the NUL; a buffer too small
 /// gets nothing and the status says so.

@@ -430,10 +430,39 @@ where
     /// not run the [`Runtime::set_host_queue`] hook, so an embedder with a host queue drains it
     /// before calling (the C library's `npu_alloc_empty_cache` calls its hook first).
     pub fn empty_cache(&self) -> Result<(), D::Error> {
+        self.on_every_cache(DeviceAllocator::empty_cache)
+    }
+
+    /// torch_npu's `empty_virt_addr_cache()`: [`Runtime::empty_cache`], except that the pages
+    /// unmapped from expandable segments are kept, each for the next map in its pool, instead
+    /// of freed (`empty_cache` and the OOM retry chain free them). Statistics move as with
+    /// `empty_cache`. Refused with [`RuntimeError::NotExpandable`] unless the runtime's
+    /// configuration has `expandable_segments:True`, as torch_npu refuses it.
+    pub fn empty_virt_addr_cache(&self) -> Result<(), D::Error> {
+        self.check_expandable()?;
+        self.on_every_cache(DeviceAllocator::empty_virt_addr_cache)
+    }
+
+    /// [`RuntimeError::NotExpandable`] unless the runtime's configuration (with every
+    /// `set_allocator_settings`) has expandable segments on: torch_npu's check before
+    /// `empty_virt_addr_cache`, made before anything else (the C library's host-queue drain).
+    pub fn check_expandable(&self) -> Result<(), D::Error> {
+        if self.settings.lock().0.expandable_segments {
+            Ok(())
+        } else {
+            Err(RuntimeError::NotExpandable)
+        }
+    }
+
+    /// Runs `f` on every opened caching device; returns the first error after trying all.
+    fn on_every_cache(
+        &self,
+        f: impl Fn(&DeviceAllocator<D>) -> Result<(), D::Error>,
+    ) -> Result<(), D::Error> {
         let mut result = Ok(());
         for entry in self.opened_all() {
             if let Entry::Caching(a) = entry {
-                let r = a.empty_cache();
+                let r = f(a);
                 if result.is_ok() {
                     result = r;
                 }

@@ -337,6 +337,13 @@ impl<D: Device> DeviceAllocator<D> {
         self.lock().empty_cache().map_err(RuntimeError::Device)
     }
 
+    /// `empty_virt_addr_cache()`.
+    pub(crate) fn empty_virt_addr_cache(&self) -> Result<(), RuntimeError<D::Error>> {
+        self.lock()
+            .empty_virt_addr_cache()
+            .map_err(RuntimeError::Device)
+    }
+
     /// Polls the event queues (blocks whose events completed return to their pools).
     pub(crate) fn process_events(&self) -> Result<(), RuntimeError<D::Error>> {
         self.lock().process_events().map_err(RuntimeError::Device)

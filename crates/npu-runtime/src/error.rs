@@ -52,6 +52,8 @@ pub enum RuntimeError<E = AclError> {
     NoCaching,
     /// A snapshot could not hold a value (torch's fields are signed 64-bit integers).
     Snapshot(alloc_snapshot::ExportError),
+    /// `empty_virt_addr_cache` without `expandable_segments:True` (torch_npu refuses it too).
+    NotExpandable,
 }
 
 impl<E> From<PoolError> for RuntimeError<E> {
@@ -146,6 +148,9 @@ impl<E: fmt::Display> fmt::Display for RuntimeError<E> {
                  (PYTORCH_NO_NPU_MEMORY_CACHING)",
             ),
             RuntimeError::Snapshot(e) => e.fmt(f),
+            RuntimeError::NotExpandable => f.write_str(
+                "Unsupported config for empty_virt_addr_cache, please enable expandable_segments.",
+            ),
         }
     }
 }

@@ -681,6 +681,75 @@ fn expandable_segments_over_acl_probe_reserve_map_and_unmap_as_torch_npu() {
     assert_clean(&fake, 0);
 }
 
+/// torch_npu's `empty_virt_addr_cache`: the pages are unmapped but not freed
+/// (`free_physical_handles_`), the next map takes them back without `aclrtMallocPhysical`, and
+/// `empty_cache` frees them. Without expandable segments it is refused with torch_npu's message
+/// before any ACL call.
+#[test]
+fn empty_virt_addr_cache_unmaps_and_keeps_the_pages_for_the_next_map() {
+    let fake = FakeAcl::new(Variant::Full, GIB, 1);
+    let rt = expandable_runtime(&fake);
+    let s = npu_runtime::Stream::DEFAULT;
+    let p = rt.malloc(30 * MIB, 0, s).unwrap();
+    rt.free(p).unwrap();
+    fake.clear_log();
+    rt.empty_virt_addr_cache().unwrap();
+    assert_eq!(
+        fake.call_details(),
+        [
+            "aclrtSynchronizeDevice".to_string(),
+            "aclrtSynchronizeDevice".into(),
+            format!("aclrtUnmapMem(virPtr={VA0:#x})"),
+            format!("aclrtUnmapMem(virPtr={:#x})", VA0 + 20 * MIB),
+            format!("aclrtReleaseMemAddress(virPtr={VA0:#x})"),
+        ]
+    );
+    assert_eq!(rt.memory_reserved(0).unwrap(), 0);
+    assert_eq!((fake.live_pages(0), fake.mapped_bytes(0)), (2, 0));
+
+    // The next range is mapped with the two kept pages, the last kept first (torch_npu takes
+    // its list's back).
+    fake.clear_log();
+    let q = rt.malloc(30 * MIB, 0, s).unwrap();
+    let log = fake.call_details();
+    assert!(
+        !log.iter().any(|c| c.starts_with("aclrtMallocPhysical")),
+        "{log:?}"
+    );
+    let va1 = q;
+    assert_eq!(
+        log[log.len() - 2..],
+        [
+            format!(
+                "aclrtMapMem(virPtr={va1:#x}, size=20971520, offset=0, handle=0x90000020, flags=0)"
+            ),
+            format!(
+                "aclrtMapMem(virPtr={:#x}, size=20971520, offset=0, handle=0x90000010, flags=0)",
+                va1 + 20 * MIB
+            ),
+        ]
+    );
+    assert_eq!(rt.memory_reserved(0).unwrap(), 40 * MIB);
+    rt.free(q).unwrap();
+    rt.empty_virt_addr_cache().unwrap();
+    assert_eq!(fake.live_pages(0), 2);
+    rt.empty_cache().unwrap();
+    assert_eq!(fake.calls("aclrtFreePhysical"), 2);
+    let stats = rt.device_stats(0).unwrap();
+    assert_eq!((stats.num_device_alloc, stats.num_device_free), (2, 2));
+    assert_clean(&fake, 0);
+
+    // Off: refused before anything reaches the library.
+    rt.set_allocator_settings("expandable_segments:False");
+    fake.clear_log();
+    let e = rt.empty_virt_addr_cache().unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "Unsupported config for empty_virt_addr_cache, please enable expandable_segments."
+    );
+    assert!(fake.call_details().is_empty());
+}
+
 #[test]
 fn without_the_vmm_symbols_the_probe_falls_back_to_plain_segments() {
     let fake = FakeAcl::new(Variant::NoVmm, GIB, 1);

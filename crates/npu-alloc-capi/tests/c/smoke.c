@@ -224,6 +224,12 @@ int main(void) {
   CHECK(acl_get_device(&current) == 0 && current == 0);
   CHECK(npu_alloc_empty_cache() == NpuAllocStatus_Ok);
   CHECK(acl_get_device(&current) == 0 && current == 0);
+  /* Without expandable segments torch_npu refuses empty_virt_addr_cache, before the hook. */
+  int hooks_before = hook_calls;
+  CHECK(npu_alloc_empty_virt_addr_cache() == NpuAllocStatus_Refused);
+  npu_alloc_last_error(err, sizeof err);
+  CHECK(strstr(err, "please enable expandable_segments") != NULL);
+  CHECK(hook_calls == hooks_before);
   CHECK(acl_set_device(1) == 0);
   CHECK(npu_alloc_acl_synchronize(-1) == 0);
   CHECK(acl_get_device(&current) == 0 && current == 1);
