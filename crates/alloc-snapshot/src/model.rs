@@ -4,6 +4,7 @@
 //! pickle holds only opcodes PyTorch's memory_viz reads.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
@@ -105,13 +106,15 @@ impl From<alloc_core::BlockState> for BlockState {
     }
 }
 
-/// One stack frame, as torch records them (`name`, `filename`, `line`).
+/// One stack frame, as torch records them (`name`, `filename`, `line`). The texts are shared:
+/// torch_npu's stacks repeat the same frames thousands of times, and a snapshot read holds each
+/// name once.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Frame {
     /// The function.
-    pub name: String,
+    pub name: Arc<str>,
     /// The file.
-    pub filename: String,
+    pub filename: Arc<str>,
     /// The line.
     pub line: i64,
 }

@@ -59,8 +59,9 @@ pub struct Limits {
     /// The most values stage 2 may visit, counting a container as one plus its length at each
     /// place it is referenced; `None` is the larger of 1,000,000 and 16 × the input's length.
     pub max_values: Option<u64>,
-    /// The most bytes of text stage 2 may copy into the snapshot (a shared string is copied at
-    /// each reference); `None` is the larger of 64 MiB and 16 × the input's length.
+    /// The most bytes of text stage 2 may copy into the snapshot (a string the pickle shares is
+    /// copied once, and shared by the frames that name it); `None` is the larger of 64 MiB and
+    /// 16 × the input's length.
     pub max_text: Option<u64>,
 }
 

@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use super::Read;
 use super::error::{ReadError, ReadWarning, Untiled};
@@ -39,6 +40,7 @@ pub(super) fn snapshot(doc: &Doc, root: Value, budget: Budget) -> Result<Read, R
         text: 0,
         warnings: Vec::new(),
         unknown: HashMap::new(),
+        shared: HashMap::new(),
     };
     let top = Path::Root;
     let snapshot = match root {
@@ -166,6 +168,9 @@ struct Walk<'d> {
     warnings: Vec<ReadWarning>,
     /// Unknown action name → its warning in `warnings`.
     unknown: HashMap<&'d str, usize>,
+    /// Strings read as shared text, by their index in the pickle: a string the pickle shares
+    /// (a memo reference) is copied, and counted against the text budget, once.
+    shared: HashMap<usize, Arc<str>>,
 }
 
 /// A scalar field's conversion from a [`Value`]: `None` when it is something else.
@@ -218,6 +223,25 @@ impl Scalar for String {
     }
 }
 
+impl Scalar for Arc<str> {
+    const EXPECTED: &'static str = "a string";
+    fn convert(w: &mut Walk<'_>, v: Value) -> Result<Option<Arc<str>>, ReadError> {
+        let Value::Str(i) = v else {
+            return Ok(None);
+        };
+        if let Some(s) = w.shared.get(&i) {
+            return Ok(Some(s.clone()));
+        }
+        let Some(s) = w.doc.str(v) else {
+            return Ok(None);
+        };
+        w.copy(s.len())?;
+        let s: Arc<str> = s.into();
+        w.shared.insert(i, s.clone());
+        Ok(Some(s))
+    }
+}
+
 impl<'d> Walk<'d> {
     /// Counts `n` values against the budget.
     fn visit(&mut self, n: usize) -> Result<(), ReadError> {
@@ -236,7 +260,7 @@ impl<'d> Walk<'d> {
         self.text = self.text.saturating_add(n as u64);
         if self.text > self.budget.text {
             return Err(ReadError::TooLarge {
-                what: "bytes of text decoded (shared strings count at each reference)",
+                what: "bytes of text decoded (a shared string counts once)",
                 limit: self.budget.text,
             });
         }
@@ -453,8 +477,10 @@ impl<'d> Walk<'d> {
             let path = path.index(i);
             let d = self.dict(f, &path)?;
             frames.push(Frame {
-                name: self.opt(&d, &path, "name")?.unwrap_or_default(),
-                filename: self.opt(&d, &path, "filename")?.unwrap_or_default(),
+                name: self.opt(&d, &path, "name")?.unwrap_or_else(|| "".into()),
+                filename: self
+                    .opt(&d, &path, "filename")?
+                    .unwrap_or_else(|| "".into()),
                 line: self.opt(&d, &path, "line")?.unwrap_or(0),
             });
         }
