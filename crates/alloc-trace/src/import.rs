@@ -17,6 +17,10 @@
 //! - Segment, out-of-memory, snapshot and annotation entries are skipped (counted in
 //!   [`ImportSummary`]); so is what does not pair up (a free of an address freed already, an
 //!   `alloc` of an address still live), each counted as a warning.
+//! - torch_npu's snapshots carry no allocator settings: expandable segments (an `is_expandable`
+//!   segment, a `segment_map` entry) turn `expandable_segments:True` on in the trace's `conf`.
+//!   Settings with blanks are written in their canonical form. Private pools are not imported:
+//!   their blocks replay in the default pools (an [`ImportNote`] says how many segments).
 //! - torch_npu's workspace allocator (`NPUWorkspaceAllocator`) takes device memory outside the
 //!   caching allocator, and its snapshot adds that memory as segments and, at the front of
 //!   the trace, a `workspace_snapshot`, `segment_alloc` and `alloc` for each block. None of it
@@ -102,6 +106,57 @@ pub struct ImportSummary {
     pub skipped: BTreeMap<String, u64>,
     /// Entries that did not pair up and were left out, by what was wrong.
     pub warnings: BTreeMap<&'static str, LeftOut>,
+    /// What the import decided that the snapshot does not say, or could not keep.
+    pub notes: Vec<ImportNote>,
+}
+
+/// Something an import inferred, or kept in another form than the snapshot's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ImportNote {
+    /// The snapshot has no allocator settings (torch_npu's snapshots write none) but expandable
+    /// segments (`is_expandable` segments, or `segment_map`/`segment_unmap` entries): the
+    /// trace's `conf` turns them on.
+    ExpandableInferred,
+    /// The allocator settings had blanks; the trace's `conf` is their canonical form.
+    SettingsCanonical,
+    /// This many segments of the device belong to private pools (`segment_pool_id` other than
+    /// (0, 0)): their blocks and history are replayed in the default pools.
+    PrivatePools {
+        /// The segments.
+        segments: u64,
+    },
+    /// This many blocks were still waiting for their free at the end of a free the history does
+    /// not hold: the prologue allocates each, then frees it after a `record` on a stream that
+    /// never completes, so they end pending as in the snapshot.
+    PendingBeforeHistory {
+        /// The blocks.
+        blocks: u64,
+    },
+}
+
+impl fmt::Display for ImportNote {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ImportNote::ExpandableInferred => f.write_str(
+                "the snapshot has expandable segments and no allocator settings: the trace \
+                 replays with `conf expandable_segments:True`",
+            ),
+            ImportNote::SettingsCanonical => f.write_str(
+                "the allocator settings had blanks: the trace's `conf` is their canonical form",
+            ),
+            ImportNote::PrivatePools { segments } => write!(
+                f,
+                "{segments} segment(s) of private pools: their blocks and history replay in \
+                 the default pools"
+            ),
+            ImportNote::PendingBeforeHistory { blocks } => write!(
+                f,
+                "{blocks} block(s) freed before the history and still pending at its end: \
+                 replayed as pending on a stream that never completes"
+            ),
+        }
+    }
 }
 
 /// How many entries one kind of problem left out of an import, and where the first was.
@@ -183,6 +238,9 @@ impl Imported {
             out.push_str(&format!(
                 "# skipped: {n} {action} entries (the allocator's own decisions)\n"
             ));
+        }
+        for note in &s.notes {
+            out.push_str(&format!("# note: {note}\n"));
         }
         for line in s.left_out_lines() {
             out.push_str(&format!("# left out: {line}\n"));
@@ -340,13 +398,24 @@ pub fn import_snapshot(
         }
     }
     // End-state active blocks the history's allocations do not account for.
-    let mut prologue: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+    // addr → (size, stream, pending at the end with its free before the history)
+    let mut prologue: BTreeMap<i64, (i64, i64, bool)> = BTreeMap::new();
     let mut pending_at_end: HashMap<i64, ()> = HashMap::new();
-    let segments = snapshot
+    let segments: Vec<_> = snapshot
         .segments
         .iter()
-        .filter(|s| s.device == device && !workspace.addrs.contains(&s.address));
-    for seg in segments {
+        .filter(|s| s.device == device && !workspace.addrs.contains(&s.address))
+        .collect();
+    let pooled = segments
+        .iter()
+        .filter(|s| s.segment_pool_id != (0, 0))
+        .count() as u64;
+    if pooled > 0 {
+        summary
+            .notes
+            .push(ImportNote::PrivatePools { segments: pooled });
+    }
+    for seg in &segments {
         for b in &seg.blocks {
             if b.state == BlockState::ActivePendingFree {
                 pending_at_end.insert(b.address, ());
@@ -367,7 +436,8 @@ pub fn import_snapshot(
                 b.size
             };
             streams.id(seg.stream);
-            prologue.insert(b.address, (size, seg.stream));
+            let pending = b.state == BlockState::ActivePendingFree;
+            prologue.insert(b.address, (size, seg.stream, pending));
         }
     }
     summary.prologue_freed = freed_before
@@ -376,9 +446,22 @@ pub fn import_snapshot(
         .count() as u64;
     for (addr, (size, stream)) in freed_before {
         streams.id(stream);
-        prologue.entry(addr).or_insert((size, stream));
+        prologue.entry(addr).or_insert((size, stream, false));
     }
     let real_streams = streams.values.len() as u64;
+    // The streams added for frees: one that never completes for the prologue's pending blocks,
+    // then one per delayed free of the history at a time.
+    let mut extra = 0u64;
+    let prologue_pending = prologue.values().filter(|p| p.2).count() as u64;
+    let never_completes = (prologue_pending > 0).then(|| {
+        extra += 1;
+        real_streams
+    });
+    if prologue_pending > 0 {
+        summary.notes.push(ImportNote::PendingBeforeHistory {
+            blocks: prologue_pending,
+        });
+    }
 
     let mut trace = Trace::new("imported.trace");
     trace.capacity = options.capacity;
@@ -389,33 +472,56 @@ pub fn import_snapshot(
         .map(|s| s.alloc_conf.trim())
         .filter(|c| !c.is_empty())
     {
-        // A `conf` line ends at a `#` (a comment), and the importer keeps settings without
-        // blanks only: anything else would replay under other settings than the snapshot's.
-        if conf.contains(|c: char| c.is_whitespace() || c == '#') {
+        // A `conf` line ends at a `#` (a comment) and at the end of the line: settings with
+        // blanks are written in their canonical form when they parse cleanly; anything else
+        // would replay under other settings than the snapshot's.
+        let parsed = alloc_conf::parse(conf);
+        if !conf.contains(|c: char| c.is_whitespace() || c == '#') {
+            trace.conf = Some(conf.to_owned());
+        } else if !conf.contains('#') && parsed.warnings.is_empty() {
+            let canonical = parsed.conf.to_string();
+            trace.conf = (!canonical.is_empty()).then_some(canonical);
+            summary.notes.push(ImportNote::SettingsCanonical);
+        } else {
             warn(
                 &mut summary.warnings,
-                "allocator settings with a blank or a `#` (replayed with the defaults)",
+                "allocator settings with a `#`, or blanks and a problem (replayed with the \
+                 defaults)",
                 None,
             );
-        } else {
-            trace.conf = Some(conf.to_owned());
         }
+    } else if snapshot.allocator_settings.is_none()
+        && (segments.iter().any(|s| s.is_expandable)
+            || entries
+                .iter()
+                .any(|e| matches!(e.action, Action::SegmentMap | Action::SegmentUnmap)))
+    {
+        trace.conf = Some("expandable_segments:True".to_owned());
+        summary.notes.push(ImportNote::ExpandableInferred);
     }
     let mut by_addr: HashMap<i64, IdRef> = HashMap::new();
     let mut n = 0;
-    for (addr, (size, stream)) in &prologue {
-        let Ok(size) = u64::try_from(*size) else {
+    for (addr, &(size, stream, pending)) in &prologue {
+        let Ok(size) = u64::try_from(size) else {
             warn(&mut summary.warnings, "block of a negative size", None);
             continue;
         };
         let id = trace.add_id(format!("p{n}"));
         n += 1;
-        by_addr.insert(*addr, id);
         trace.push(OpKind::Alloc {
             id,
             size,
-            stream: streams.id(*stream),
+            stream: streams.id(stream),
         });
+        match never_completes {
+            Some(s) if pending => {
+                trace.push(OpKind::Record { id, stream: s });
+                trace.push(OpKind::Free { id });
+            }
+            _ => {
+                by_addr.insert(*addr, id);
+            }
+        }
     }
     summary.prologue = n;
     trace.push(OpKind::ResetPeak);
@@ -428,7 +534,6 @@ pub fn import_snapshot(
     let mut pending: HashMap<i64, u64> = HashMap::new(); // addr → its stream
     let mut idle_streams: Vec<u64> = Vec::new();
     let mut next_alloc = 0u64;
-    let mut extra = 0u64;
     for (i, e) in entries.iter().enumerate() {
         if let Some(tick) = progress
             && i % 65_536 == 0

@@ -23,7 +23,9 @@ pub use exec::{
     CheckError, Checks, ExecError, Executor, FULL_CHECK_LIVE, Failure, IdError, OpCounts, Report,
     Rule, Setup, StatsRecord,
 };
-pub use import::{ImportError, ImportOptions, ImportSummary, Imported, LeftOut, import_snapshot};
+pub use import::{
+    ImportError, ImportNote, ImportOptions, ImportSummary, Imported, LeftOut, import_snapshot,
+};
 pub use observe::{EndState, Observe, Observed, Point, replay_observed};
 pub use op::{IdRef, Misuse, Op, OpKind, PoolOp, Trace, flavour_name, well_formed};
 pub use parse::{

@@ -4,8 +4,8 @@
 
 use alloc_snapshot::{Action, Block, BlockState, Segment, SegmentType, Snapshot, TraceEntry};
 use alloc_trace::{
-    ImportError, ImportOptions, Observe, OpKind, Setup, import_snapshot, load, parse_str, replay,
-    replay_observed, to_text,
+    ImportError, ImportNote, ImportOptions, Observe, OpKind, Setup, import_snapshot, load,
+    parse_str, replay, replay_observed, to_text,
 };
 
 const MAGMA27: &str = concat!(
@@ -207,7 +207,9 @@ fn negative_sizes_and_settings_a_conf_line_cannot_hold_are_left_out_with_warning
     assert_eq!(left_out("alloc of a negative size"), Some((1, Some(0))));
     assert_eq!(left_out("free of an address not live"), Some((1, Some(1))));
     assert_eq!(
-        left_out("allocator settings with a blank or a `#` (replayed with the defaults)"),
+        left_out(
+            "allocator settings with a `#`, or blanks and a problem (replayed with the defaults)"
+        ),
         Some((1, None))
     );
     assert_eq!(imported.summary.prologue, 1);
@@ -220,6 +222,105 @@ fn negative_sizes_and_settings_a_conf_line_cannot_hold_are_left_out_with_warning
         header.contains("# left out: 1 × block of a negative size\n"),
         "{header}"
     );
+}
+
+/// torch_npu's snapshots carry no allocator settings: expandable segments are inferred from
+/// the segments (or the map entries). Settings with blanks are kept in canonical form.
+#[test]
+fn expandable_segments_are_inferred_and_settings_with_blanks_kept_canonical() {
+    use Action::{Alloc, SegmentMap};
+    let history = vec![
+        entry(SegmentMap, 0x10_0000, 20 << 20, 0, 1),
+        entry(Alloc, 0x10_0000, 4096, 0, 2),
+    ];
+    let snapshot = Snapshot {
+        device_traces: vec![history.clone()],
+        ..Snapshot::default()
+    };
+    let (imported, _) = import_lines(&snapshot);
+    assert_eq!(
+        imported.trace.conf.as_deref(),
+        Some("expandable_segments:True")
+    );
+    assert_eq!(imported.summary.notes, [ImportNote::ExpandableInferred]);
+    // From an expandable segment alone, too.
+    let snapshot = Snapshot {
+        segments: vec![Segment {
+            is_expandable: true,
+            ..small_segment(vec![block(0x10_0000, 2 << 20, BlockState::Inactive)])
+        }],
+        device_traces: vec![vec![entry(Alloc, 0x40_0000, 4096, 0, 1)]],
+        ..Snapshot::default()
+    };
+    assert_eq!(
+        import_lines(&snapshot).0.trace.conf.as_deref(),
+        Some("expandable_segments:True")
+    );
+    // Settings given: they say what the allocator ran with, blanks or not.
+    let mut settings = alloc_snapshot::AllocatorSettings::from_conf(&Default::default());
+    settings.alloc_conf = "garbage_collection_threshold:0.8, max_split_size_mb:512".into();
+    let snapshot = Snapshot {
+        allocator_settings: Some(settings),
+        device_traces: vec![history],
+        ..Snapshot::default()
+    };
+    let (imported, _) = import_lines(&snapshot);
+    assert_eq!(
+        imported.trace.conf.as_deref(),
+        Some("max_split_size_mb:512,garbage_collection_threshold:0.8")
+    );
+    assert_eq!(imported.summary.notes, [ImportNote::SettingsCanonical]);
+}
+
+/// A block whose free came before the history and that still waits at its end: allocated,
+/// recorded on a stream that never completes and freed, so it ends pending (active, not
+/// allocated) as in the snapshot. Segments of private pools are noted.
+#[test]
+fn a_block_pending_since_before_the_history_ends_pending() {
+    use Action::Alloc;
+    let snapshot = Snapshot {
+        segments: vec![Segment {
+            active_size: 1 << 20,
+            segment_pool_id: (0, 1),
+            ..small_segment(vec![
+                block(0x10_0000, 1 << 20, BlockState::ActivePendingFree),
+                block(0x20_0000, 1 << 20, BlockState::Inactive),
+            ])
+        }],
+        device_traces: vec![vec![entry(Alloc, 0x40_0000, 4096, 0, 1)]],
+        ..Snapshot::default()
+    };
+    let (imported, body) = import_lines(&snapshot);
+    assert_eq!(
+        body,
+        [
+            "alloc p0 1048576 0",
+            "record p0 1",
+            "free p0",
+            "reset_peak",
+            "stats prologue",
+            "alloc a0 4096 0",
+            "stats end"
+        ]
+    );
+    assert_eq!(
+        imported.summary.notes,
+        [
+            ImportNote::PrivatePools { segments: 1 },
+            ImportNote::PendingBeforeHistory { blocks: 1 }
+        ]
+    );
+    let setup = alloc_trace::Setup::from_trace(
+        &imported.trace,
+        alloc_conf::AllocConf::default(),
+        None,
+        None,
+    );
+    let report = alloc_trace::replay(&imported.trace, &setup).unwrap();
+    let end = &report.end.stats;
+    // With the default 32-byte pad: 4096 + 32 rounds to 4608, 1 MiB + 32 to 1 MiB + 512.
+    assert_eq!(end.allocated_bytes.all.current, 4608);
+    assert_eq!(end.active_bytes.all.current, (1 << 20) + 512 + 4608);
 }
 
 #[test]

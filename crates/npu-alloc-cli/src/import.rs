@@ -134,6 +134,9 @@ pub(crate) fn run(args: Args) -> ExitCode {
             s.workspace_blocks, s.workspace_bytes
         );
     }
+    for note in &s.notes {
+        eprintln!("note: {note}");
+    }
     for line in s.left_out_lines() {
         eprintln!("warning: left out {line}");
     }
