@@ -387,6 +387,20 @@ class Streams(unittest.TestCase):
         self.assertEqual(FAKE.aclrtDestroyStream(stream), 0)
         self.assertEqual(FAKE.aclrtSetDevice(0), 0)
 
+    def test_a_malloc_naming_another_device_allocates_there_and_keeps_the_callers(self):
+        # The library bound device 1 last; torch then moved the thread to device 0 behind its
+        # back. A miss on device 1 must still allocate on device 1, and leave device 0 bound.
+        device = ctypes.c_int(-1)
+        npu_alloc.free(npu_alloc.malloc(1000, 1))
+        self.assertEqual(FAKE.aclrtSetDevice(0), 0)
+        p = npu_alloc.malloc(30 * MIB, 1)
+        self.assertEqual(FAKE.aclrtGetDevice(ctypes.byref(device)), 0)
+        self.assertEqual(device.value, 0)
+        # The fake's device 1 addresses start at 0x110000000000 (device 0's at 0x100000000000).
+        self.assertGreaterEqual(p, 0x110000000000)
+        npu_alloc.free(p)
+        npu_alloc.empty_cache()
+
     def test_with_a_synchronize_hook_a_free_drains_before_it_records_events(self):
         recorded = lambda: FAKE.fake_acl_calls(b"aclrtRecordEvent")
         seen = []

@@ -136,7 +136,12 @@ unsafe fn malloc(size: usize, device: c_int, stream: *mut c_void) -> Result<*mut
     let d = self::device(device)?;
     // SAFETY: forwarded from the caller's contract.
     let stream = unsafe { self::stream(stream) };
-    let addr = runtime()?.malloc(size as u64, d, stream)?;
+    let rt = runtime()?;
+    // The device named may not be the caller's, and the host program may have moved the
+    // thread's device since the library last bound one (torch's `set_device`): a miss binds
+    // the named device for its ACL calls without trusting that cache, and binds the caller's
+    // back. A hit makes no ACL call and costs nothing more.
+    let addr = keeping_current_device(|| rt.malloc(size as u64, d, stream))?;
     Ok(addr as usize as *mut c_void)
 }
 
