@@ -13,4 +13,4 @@ pub mod search;
 pub mod space;
 
 pub use search::{DEFAULT_EVALS, Eval, Options, Outcome, TuneError, tune};
-pub use space::{Candidate, Key, Roundup, Target, inert_keys};
+pub use space::{Candidate, Key, Roundup, TORCH_NPU_RELEASES, Target, inert_keys, recent_keys};

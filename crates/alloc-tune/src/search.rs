@@ -64,6 +64,9 @@ pub struct Eval {
     pub device_mallocs: u64,
     /// Device frees (segments and unmapped ranges).
     pub device_frees: u64,
+    /// `per_process_memory_fraction` in millionths (1,000,000 when unlimited): between two
+    /// configurations alike otherwise, the one that leaves the job more of the device wins.
+    pub fraction_millionths: u64,
 }
 
 impl Eval {
@@ -82,13 +85,15 @@ impl Eval {
     }
 
     /// The ranking: configurations that fit first (the others by fewer OOMs), then lower peak
-    /// reserved, then fewer device calls, then the shorter and then the smaller string.
-    fn rank(&self) -> (bool, u64, u64, u64, usize, &str) {
+    /// reserved, then fewer device calls, then the larger memory fraction (a tighter one gives
+    /// up memory for nothing), then the shorter and then the smaller string.
+    fn rank(&self) -> (bool, u64, u64, u64, core::cmp::Reverse<u64>, usize, &str) {
         (
             !self.fits(),
             self.ooms,
             self.peak_reserved,
             self.device_mallocs + self.device_frees,
+            core::cmp::Reverse(self.fraction_millionths),
             self.conf.len(),
             &self.conf,
         )
@@ -106,6 +111,8 @@ pub struct Outcome {
     pub evals: usize,
     /// Whether `max_seconds` stopped the search before its budget or convergence.
     pub stopped_early: bool,
+    /// Whether the search had more configurations to try when it reached `evals`.
+    pub budget_spent: bool,
     /// The capacity and pad the replays used.
     pub capacity: u64,
     /// The pad.
@@ -139,10 +146,12 @@ impl std::error::Error for TuneError {}
 /// Replays `trace` under `conf` (a canonical string).
 fn evaluate(trace: &Trace, options: &Options<'_>, conf: &str) -> Result<Eval, Box<Failure>> {
     let parsed = alloc_conf::parse(conf);
+    let fraction_millionths = (parsed.conf.per_process_memory_fraction * 1e6).round() as u64;
     let setup = Setup::from_trace(trace, parsed.conf, options.capacity, options.pad);
     let report = replay(trace, &setup)?;
     let stats = &report.end.stats;
     Ok(Eval {
+        fraction_millionths,
         conf: conf.to_owned(),
         peak_reserved: stats.reserved_bytes.all.peak.max(0) as u64,
         peak_requested: stats.requested_bytes.all.peak.max(0) as u64,
@@ -160,6 +169,7 @@ struct Search<'a, 't> {
     evals: Vec<Eval>,
     start: Instant,
     stopped_early: bool,
+    budget_spent: bool,
 }
 
 impl Search<'_, '_> {
@@ -198,21 +208,36 @@ impl Search<'_, '_> {
                 .collect();
             for (c, conf) in chunk.into_iter().zip(canonical) {
                 let Some(conf) = conf else { continue };
-                if confs.len() < room && !self.seen.contains_key(&conf) {
+                if self.seen.contains_key(&conf) {
+                    continue;
+                }
+                if confs.len() < room {
                     self.seen.insert(conf.clone(), c);
                     confs.push(conf);
+                } else {
+                    // A configuration not tried for want of budget.
+                    self.budget_spent = true;
                 }
             }
         }
-        let results: Vec<Option<Eval>> = confs
-            .par_iter()
-            .map(|conf| evaluate(self.trace, self.options, conf).ok())
-            .collect();
-        // A configuration whose replay stops (it cannot: only the trace's own errors stop a
-        // replay, and the defaults ran) is left out rather than ranked.
-        self.evals.extend(results.into_iter().flatten());
-        if let Some(progress) = self.options.progress {
-            progress(self.seen.len(), self.options.evals);
+        // In slices, so that progress shows and `max_seconds` is heeded within a batch; the
+        // results are the same in any slicing.
+        let mut done = self.evals.len();
+        for slice in confs.chunks(EVAL_SLICE) {
+            if self.out_of_time() {
+                break;
+            }
+            let results: Vec<Option<Eval>> = slice
+                .par_iter()
+                .map(|conf| evaluate(self.trace, self.options, conf).ok())
+                .collect();
+            // A configuration whose replay stops (it cannot: only the trace's own errors stop
+            // a replay, and the defaults ran) is left out rather than ranked.
+            self.evals.extend(results.into_iter().flatten());
+            done += slice.len();
+            if let Some(progress) = self.options.progress {
+                progress(done, self.options.evals);
+            }
         }
         confs.len()
     }
@@ -234,6 +259,9 @@ impl Search<'_, '_> {
 
 /// Candidates canonicalized at a time.
 const CHUNK: usize = 4096;
+
+/// Configurations replayed between two progress reports (and checks of `max_seconds`).
+const EVAL_SLICE: usize = 256;
 
 /// Every `r`-element subset of `keys`, in order.
 fn subsets(keys: &[Key], r: usize) -> Vec<Vec<Key>> {
@@ -272,6 +300,7 @@ pub fn tune(trace: &Trace, options: &Options<'_>) -> Result<Outcome, TuneError> 
         evals: vec![default.clone()],
         start: Instant::now(),
         stopped_early: false,
+        budget_spent: false,
     };
     let keys: Vec<Key> = Key::ALL
         .into_iter()
@@ -325,7 +354,41 @@ pub fn tune(trace: &Trace, options: &Options<'_>) -> Result<Outcome, TuneError> 
         evals: ranked.len(),
         ranked,
         stopped_early: search.stopped_early,
+        budget_spent: search.budget_spent,
         capacity: setup.capacity,
         pad: setup.pad,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eval(conf: &str, fraction_millionths: u64) -> Eval {
+        Eval {
+            conf: conf.to_owned(),
+            peak_reserved: 600 << 20,
+            peak_requested: 550 << 20,
+            ooms: 0,
+            device_mallocs: 7,
+            device_frees: 6,
+            fraction_millionths,
+        }
+    }
+
+    /// Alike otherwise, the larger fraction ranks first: a tighter one gives up device memory
+    /// for nothing ("0.95" would win by the strings alone).
+    #[test]
+    fn a_tie_goes_to_the_larger_memory_fraction() {
+        let tight = eval(
+            "garbage_collection_threshold:0.5,per_process_memory_fraction:0.95",
+            950_000,
+        );
+        let loose = eval(
+            "garbage_collection_threshold:0.5,per_process_memory_fraction:0.99",
+            990_000,
+        );
+        assert!(loose.rank() < tight.rank());
+        assert!(tight.conf < loose.conf);
+    }
 }

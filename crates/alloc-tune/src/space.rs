@@ -86,13 +86,35 @@ pub enum Target {
     /// npu-alloc: every key and value it implements.
     #[default]
     NpuAlloc,
-    /// torch_npu master: only what torch_npu accepts and treats as npu-alloc does
+    /// torch_npu master (older releases refuse some keys: [`TORCH_NPU_RELEASES`]): only what
+    /// torch_npu accepts and treats as npu-alloc does
     /// (`garbage_collection_threshold` only with a `per_process_memory_fraction`, since
     /// torch_npu runs GC only under a fraction; no `page_size:1g` with `max_split_size_mb`,
     /// where npu-alloc deliberately differs), and without `segment_size_mb`, which torch_npu
     /// deprecates with a warning at every parse: `large_segment_size_mb` sets the same page,
     /// up to 512 MiB under expandable segments.
     TorchNpu,
+}
+
+/// Keys that torch_npu releases before some version refuse ("Unrecognized CachingAllocator
+/// option" at the first allocation), with the releases that accept them, read from each
+/// branch's `NPUAllocatorConfig.cpp`. `--target torch_npu` is master's parser.
+pub const TORCH_NPU_RELEASES: [(&str, &str); 3] = [
+    ("per_process_memory_fraction", "v2.10.0-26.1.0 and later"),
+    ("large_segment_size_mb", "v2.11.0-26.1.0 and later"),
+    (
+        "max_non_split_rounding_mb",
+        "master and the v2.11.0 and v2.12.0 branches (no 26.1.0 release)",
+    ),
+];
+
+/// The keys of canonical configuration `conf` that older torch_npu releases refuse, each with
+/// the releases that accept it.
+pub fn recent_keys(conf: &str) -> Vec<(&'static str, &'static str)> {
+    TORCH_NPU_RELEASES
+        .into_iter()
+        .filter(|(key, _)| conf.split(',').any(|kv| kv.split(':').next() == Some(*key)))
+        .collect()
 }
 
 /// `roundup_power2_divisions`: unset, one value for every bucket, or a list.

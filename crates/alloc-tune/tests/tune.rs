@@ -40,10 +40,12 @@ fn replayed(trace: &Trace, conf: &str, capacity: Option<u64>) -> Eval {
         capacity,
         None,
     );
+    let fraction = setup.conf.per_process_memory_fraction;
     let report = replay(trace, &setup).unwrap();
     let s = &report.end.stats;
     Eval {
         conf: conf.to_owned(),
+        fraction_millionths: (fraction * 1e6).round() as u64,
         peak_reserved: s.reserved_bytes.all.peak as u64,
         peak_requested: s.requested_bytes.all.peak as u64,
         ooms: s.num_ooms,

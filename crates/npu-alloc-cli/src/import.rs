@@ -34,16 +34,39 @@ pub(crate) struct Args {
 /// Whether `path` holds a pickle (a snapshot) rather than `.trace` text: pickles of protocol 2
 /// and later start with the PROTO opcode, 0x80, which no text trace does.
 pub(crate) fn is_pickle(path: &std::path::Path) -> bool {
+    magic(path)[0] == 0x80
+}
+
+/// The first four bytes of `path` (zeros past its end, or when it cannot be read: the reader
+/// that follows says why).
+fn magic(path: &std::path::Path) -> [u8; 4] {
     use std::io::Read;
-    let mut first = [0u8; 1];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut first))
-        .is_ok_and(|()| first[0] == 0x80)
+    let mut first = [0u8; 4];
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.take(4).read(&mut first);
+    }
+    first
+}
+
+/// What a file that is neither a `.trace` nor a snapshot pickle looks like, by its first bytes.
+fn foreign_format(path: &std::path::Path) -> Option<&'static str> {
+    match magic(path) {
+        [b'P', b'K', 3, 4] => Some("a zip archive (torch.save's format?)"),
+        [0x1f, 0x8b, _, _] => Some("gzip-compressed (decompress it first)"),
+        _ => None,
+    }
 }
 
 /// A `.trace`, or a PyTorch snapshot imported on the fly (device with the longest history);
 /// problems are printed to stderr.
 pub(crate) fn load_trace(path: &std::path::Path) -> Option<alloc_trace::Trace> {
+    if let Some(what) = foreign_format(path) {
+        eprintln!(
+            "error: {}: {what}, not a .trace or a PyTorch memory snapshot pickle",
+            path.display()
+        );
+        return None;
+    }
     if !is_pickle(path) {
         return alloc_trace::load(path).map_err(|e| eprintln!("{e}")).ok();
     }

@@ -19,8 +19,9 @@ use crate::replay::parse_size_arg;
 pub(crate) struct Args {
     /// A `.trace` file, or a PyTorch memory snapshot (pickle), imported on the fly.
     input: PathBuf,
-    /// Device capacity (bytes, or with a K/M/G suffix); default: the trace's own.
-    #[arg(long, value_parser = parse_size_arg)]
+    /// Device capacity (bytes, or with a K/M/G suffix), at least 2 MiB; default: the trace's
+    /// own.
+    #[arg(long, value_parser = parse_capacity)]
     capacity: Option<u64>,
     /// Bytes added to each request before rounding (32 torch_npu, 0 CUDA); default: the trace's.
     #[arg(long, value_parser = parse_size_arg)]
@@ -61,6 +62,14 @@ fn parse_key(s: &str) -> Result<Key, String> {
 /// starting them takes no time.
 const MAX_THREADS: u16 = 1024;
 
+/// A capacity below one small segment (2 MiB) holds no allocation at all.
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    match parse_size_arg(s)? {
+        c if c < 2 << 20 => Err("at least 2 MiB (one small segment)".into()),
+        c => Ok(c),
+    }
+}
+
 fn parse_evals(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(0) => Err("at least 1 (the defaults are always replayed)".into()),
@@ -95,6 +104,17 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let Some(trace) = crate::import::load_trace(&args.input) else {
         return ExitCode::FAILURE;
     };
+    if !trace
+        .ops
+        .iter()
+        .any(|op| matches!(op.kind, alloc_trace::OpKind::Alloc { size: 1.., .. }))
+    {
+        eprintln!(
+            "error: {}: no allocation to replay: nothing to tune",
+            args.input.display()
+        );
+        return ExitCode::FAILURE;
+    }
     if let Some(keys) = &args.keys {
         for (key, why) in alloc_tune::inert_keys(keys, args.target) {
             eprintln!("note: {} keeps its default: {why}", key.name());
@@ -104,7 +124,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         let bar = indicatif::ProgressBar::new(args.evals as u64);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "tuning {bar:40} {pos}/{len} configurations, {elapsed}",
+                "tuning {bar:40} {pos} configurations replayed (at most {len}), {elapsed}",
             )
             .expect("a valid template"),
         );
@@ -191,6 +211,8 @@ fn print_table(args: &Args, o: &Outcome, seconds: f64, threads: usize) {
     );
     if o.stopped_early {
         say!("            stopped by --max-seconds: another machine may give another answer");
+    } else if o.budget_spent {
+        say!("            stopped at --evals: a larger budget may find a better one");
     }
     say!();
     say!("        peak resv  resv/req  OOMs  mallocs  frees  configuration");
@@ -237,7 +259,21 @@ fn print_table(args: &Args, o: &Outcome, seconds: f64, threads: usize) {
                 100.0 * (1.0 - best.peak_reserved as f64 / o.default.peak_reserved.max(1) as f64)
             );
         }
-        say!("export PYTORCH_NPU_ALLOC_CONF={}", best.conf);
+        // Quoted: a roundup list's `>` is a redirection to the shell.
+        say!("export PYTORCH_NPU_ALLOC_CONF='{}'", best.conf);
+        match args.target {
+            Target::NpuAlloc => say!(
+                "(for npu-alloc as the allocator; for torch_npu's own, tune with --target torch_npu)"
+            ),
+            Target::TorchNpu => {
+                for (key, releases) in alloc_tune::recent_keys(&best.conf) {
+                    say!(
+                        "note: torch_npu accepts {key} in {releases}; older releases refuse the \
+                         string at the first allocation"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -263,6 +299,7 @@ fn to_json(o: &Outcome, seconds: f64, threads: usize) -> serde_json::Value {
         "seconds": seconds,
         "threads": threads,
         "stopped_early": o.stopped_early,
+        "budget_spent": o.budget_spent,
         "default": eval_json(&o.default),
         "best": eval_json(best),
         "top": o.ranked.iter().take(5).map(eval_json).collect::<Vec<_>>(),

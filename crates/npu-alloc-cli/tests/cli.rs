@@ -402,7 +402,8 @@ fn tune_prints_a_recommendation_that_replays_to_its_numbers_and_parses_strictly(
     );
     let conf = out
         .lines()
-        .find_map(|l| l.strip_prefix("export PYTORCH_NPU_ALLOC_CONF="))
+        .find_map(|l| l.strip_prefix("export PYTORCH_NPU_ALLOC_CONF='"))
+        .and_then(|l| l.strip_suffix('\''))
         .expect("the line to paste")
         .to_owned();
     let checked = npu_alloc(&["conf", &conf, "--strict"]);
@@ -437,6 +438,7 @@ fn tune_prints_a_recommendation_that_replays_to_its_numbers_and_parses_strictly(
         ["--max-seconds", "NaN"],
         ["--max-seconds", "-1"],
         ["--max-seconds", "0"],
+        ["--capacity", "1M"],
     ] {
         let o = npu_alloc(&["tune", &fragment, args[0], args[1]]);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
@@ -472,6 +474,77 @@ fn tune_prints_a_recommendation_that_replays_to_its_numbers_and_parses_strictly(
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["best"]["conf"], "");
     assert!(v["export"].is_null(), "{v}");
+    // A search cut short by --evals says so.
+    let o = npu_alloc(&["tune", &fragment, "--evals", "50", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["budget_spent"], true);
+}
+
+/// The line to paste survives a shell: a roundup list's `>` would otherwise redirect. For
+/// torch_npu, keys older releases refuse are named.
+#[test]
+fn tune_quotes_the_export_line_and_names_keys_older_torch_npu_refuses() {
+    // A random mix of sizes on a 1 GiB device, whose best roundup is a list.
+    let trace = temp_file(
+        "roundup.trace",
+        "capacity 1G\npad 0\nalloc a0 825344\nalloc a1 295890930\nalloc a2 1055979\n\
+         alloc a3 43449692\nalloc a4 39142219\nalloc a5 32668189\nalloc a6 264410076\n\
+         alloc a7 4448428\nalloc a8 127096389\nalloc a9 689152\nfree a2\n\
+         alloc a11 484352\nfree a8\nfree a0\nalloc a14 852992\nfree a14\nfree a7\n\
+         alloc a17 803840\nalloc a18 3327453\nfree a4\nalloc a20 40554622\n\
+         alloc a21 273408\nalloc a22 152213696\nfree a17\nalloc a24 979968\n\
+         alloc a25 1268541\nalloc a26 883712\nfree a24\nalloc a28 4209141\n\
+         alloc a29 4448299\n",
+    );
+    let dir = trace.parent().unwrap().to_owned();
+    let trace = trace.to_str().unwrap();
+    let o = npu_alloc(&["tune", trace, "--keys", "roundup_power2_divisions"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let line = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("export "))
+        .expect("an export line")
+        .to_owned();
+    assert!(line.contains('['), "{line}");
+    let conf = line
+        .strip_prefix("export PYTORCH_NPU_ALLOC_CONF='")
+        .and_then(|l| l.strip_suffix('\''))
+        .expect("quoted");
+    let shell = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{line}; printf %s \"$PYTORCH_NPU_ALLOC_CONF\""))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&shell.stdout), conf);
+    let fragment = shipped("fragment.trace");
+    let o = npu_alloc(&[
+        "tune",
+        &fragment,
+        "--target",
+        "torch_npu",
+        "--evals",
+        "2000",
+    ]);
+    assert!(
+        stdout(&o)
+            .contains("note: torch_npu accepts large_segment_size_mb in v2.11.0-26.1.0 and later"),
+        "{}",
+        stdout(&o)
+    );
+    // Nothing to tune, or not a trace at all: errors.
+    let empty = temp_file("empty.trace", "# nothing\n");
+    let o = npu_alloc(&["tune", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no allocation to replay"),
+        "{}",
+        stderr(&o)
+    );
+    let zip = temp_file("model.pt", "PK\u{3}\u{4}rest");
+    let o = npu_alloc(&["tune", zip.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("a zip archive"), "{}", stderr(&o));
 }
 
 #[test]
