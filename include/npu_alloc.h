@@ -384,6 +384,11 @@ enum NpuAllocStatus npu_alloc_memory_saver_stats(int device,
  * Without a hook, a malloc never releases cached memory (it runs out of memory instead, with
  * a warning once).
  *
+ * The hook must return, not throw: a C++ exception or any unwinding out of it is undefined
+ * behaviour (catch it and return non-zero). A call into npu-alloc from inside the hook that
+ * would need the hook again on the same thread goes on as if the hook had failed (the
+ * releasing exports answer `Refused`).
+ *
  * Setting it does not start the library: torch_npu's own `aclInit` (with its configuration
  * file) must come first, and `install()` sets the hook before torch_npu initializes.
  */
@@ -396,7 +401,7 @@ void npu_alloc_set_synchronize_hook(int (*hook)(int));
  * before it records the events the block waits for: work still in the host's queue would
  * otherwise reach those streams after the events, which would complete while it still reads
  * the block. Without a drain hook the synchronize hook serves, waiting for the device too.
- * Setting it does not start the library.
+ * Setting it does not start the library. It must return, not throw, as the synchronize hook.
  */
 void npu_alloc_set_drain_hook(int (*hook)(int));
 

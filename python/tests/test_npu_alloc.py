@@ -429,6 +429,23 @@ class Streams(unittest.TestCase):
 
 @needs_fake
 class Hook(unittest.TestCase):
+    def test_a_hook_that_calls_back_in_is_not_called_again(self):
+        seen = []
+
+        def hook(device):
+            try:
+                npu_alloc.empty_cache()  # would need this hook again: refused
+            except npu_alloc.NpuAllocError as e:
+                seen.append(str(e))
+
+        npu_alloc.set_synchronize_hook(hook)
+        try:
+            npu_alloc.empty_cache()
+        finally:
+            npu_alloc.set_synchronize_hook(None)
+        self.assertTrue(seen, "the inner call was refused")
+        self.assertIn("called back into npu-alloc", seen[0])
+
     def test_the_synchronize_hook_runs_before_memory_goes_back(self):
         seen = []
         npu_alloc.set_synchronize_hook(lambda device: seen.append((device, FAKE.fake_acl_calls(b"aclrtFree"))))

@@ -18,6 +18,7 @@ static RUNTIME: OnceLock<Result<NpuAllocator, String>> = OnceLock::new();
 pub(crate) fn runtime() -> Result<&'static NpuAllocator, Fail> {
     RUNTIME
         .get_or_init(|| {
+            crate::stderr_log::install();
             let rt = NpuAllocator::from_env().map_err(|e| {
                 let message = format!(
                     "cannot start npu-alloc: {e} (set NPU_ALLOC_ACL_LIB to libascendcl.so)"
@@ -77,7 +78,7 @@ unsafe fn stream(s: *mut c_void) -> Stream {
 
 /// Writes one line to stderr; a closed stderr is not an error (`eprintln!` would panic, and a
 /// panic must not cross the C boundary).
-fn warn(message: std::fmt::Arguments<'_>) {
+pub(crate) fn warn(message: std::fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr(), "npu-alloc: {message}");
 }
 
@@ -534,9 +535,9 @@ pub unsafe extern "C" fn npu_alloc_set_allocator_settings(
     status_keeping_device(|| {
         // SAFETY: forwarded from the caller's contract.
         let s = unsafe { text(settings, "settings") }?;
-        for w in runtime()?.set_allocator_settings(s) {
-            warn(format_args!("set_allocator_settings: {w}"));
-        }
+        // Each warning reaches stderr through the runtime's log (once per text, as torch's
+        // TORCH_WARN_ONCE).
+        runtime()?.set_allocator_settings(s);
         Ok(())
     })
 }

@@ -4,6 +4,7 @@
 //! own synchronize and drain here; a program without a host queue can set
 //! [`npu_alloc_acl_synchronize`]. The hooks are called with no npu-alloc lock held.
 
+use std::cell::Cell;
 use std::ffi::c_int;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -33,6 +34,11 @@ static STARTED: Mutex<bool> = Mutex::new(false);
 /// Without a hook, a malloc never releases cached memory (it runs out of memory instead, with
 /// a warning once).
 ///
+/// The hook must return, not throw: a C++ exception or any unwinding out of it is undefined
+/// behaviour (catch it and return non-zero). A call into npu-alloc from inside the hook that
+/// would need the hook again on the same thread goes on as if the hook had failed (the
+/// releasing exports answer `Refused`).
+///
 /// Setting it does not start the library: torch_npu's own `aclInit` (with its configuration
 /// file) must come first, and `install()` sets the hook before torch_npu initializes.
 #[unsafe(no_mangle)]
@@ -46,7 +52,7 @@ pub extern "C" fn npu_alloc_set_synchronize_hook(hook: Option<extern "C" fn(c_in
 /// before it records the events the block waits for: work still in the host's queue would
 /// otherwise reach those streams after the events, which would complete while it still reads
 /// the block. Without a drain hook the synchronize hook serves, waiting for the device too.
-/// Setting it does not start the library.
+/// Setting it does not start the library. It must return, not throw, as the synchronize hook.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_drain_hook(hook: Option<extern "C" fn(c_int) -> c_int>) {
     set(&DRAIN_HOOK, hook);
@@ -102,8 +108,29 @@ fn load(slot: &AtomicUsize) -> Option<NpuAllocSyncHook> {
     (addr != 0).then(|| unsafe { std::mem::transmute::<usize, NpuAllocSyncHook>(addr) })
 }
 
-/// Calls hook `h` for `device`, a C int.
+thread_local! {
+    /// Whether a hook is running on this thread.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// What [`call`] answers, without calling, for a hook called from inside a hook on the same
+/// thread (a hook that calls back into npu-alloc): the inner call goes on as if its hook had
+/// failed, instead of recursing without end.
+const REENTERED: c_int = c_int::MIN;
+
+/// Calls hook `h` for `device`, a C int, unless a hook is running on this thread already.
 fn call(h: NpuAllocSyncHook, device: u32) -> c_int {
+    /// Clears the flag when the hook returns.
+    struct Leave;
+    impl Drop for Leave {
+        fn drop(&mut self) {
+            let _ = IN_HOOK.try_with(|c| c.set(false));
+        }
+    }
+    if IN_HOOK.try_with(|c| c.replace(true)).unwrap_or(true) {
+        return REENTERED;
+    }
+    let _leave = Leave;
     h(c_int::try_from(device).unwrap_or(c_int::MAX))
 }
 
@@ -128,6 +155,15 @@ pub(crate) fn synchronize_before_release(
     for d in devices(rt, device) {
         match call(h, d) {
             0 => {}
+            REENTERED => {
+                return Err(Fail::new(
+                    NpuAllocStatus::Refused,
+                    format!(
+                        "the synchronize hook called back into npu-alloc, which needs the hook \
+                         for device {d}: nothing was given back"
+                    ),
+                ));
+            }
             code => {
                 return Err(Fail::new(
                     NpuAllocStatus::DeviceError,

@@ -21,6 +21,7 @@
 mod error;
 mod exports;
 mod hook;
+mod stderr_log;
 
 pub use error::NpuAllocStatus;
 pub use exports::*;

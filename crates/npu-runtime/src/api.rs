@@ -303,6 +303,14 @@ where
     /// so the error's allocated, active and reserved bytes are read again after them.
     #[cold]
     fn malloc_failed(&self, mut e: RuntimeError<D::Error>) -> RuntimeError<D::Error> {
+        // Without a synchronize hook a malloc gives no cached memory back: say so, once.
+        if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &e
+            && oom.reserved > oom.active
+            && let Ok(Entry::Caching(a)) = self.entry(oom.device)
+            && a.with(|x| x.host_queue()) == alloc_core::HostQueue::NoRelease
+        {
+            a.warn_unsynchronized();
+        }
         if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &mut e
             && self.notify_observers(oom)
             && let Ok(stats) = self.device_stats(oom.device)

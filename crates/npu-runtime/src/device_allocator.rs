@@ -265,17 +265,24 @@ impl<D: Device> DeviceAllocator<D> {
                     let hook = self.hooks.lock().synchronize.clone();
                     let synchronized = hook.is_some_and(|h| h(self.index));
                     if !synchronized {
-                        warn_once(&format!(
-                            "NPU {}: out of memory with cached memory that could not be given back \
-                             safely: no synchronize hook drained the host's queued work",
-                            self.index
-                        ));
+                        self.warn_unsynchronized();
                     }
                     guard = self.lock();
                     step = guard.resume_after_sync(pending, synchronized);
                 }
             }
         }
+    }
+
+    /// Once: a malloc ran out of memory while cached memory stayed, because no synchronize hook
+    /// (or a failing one) could drain the host's queued work before it was given back.
+    #[cold]
+    pub(crate) fn warn_unsynchronized(&self) {
+        warn_once(&format!(
+            "NPU {}: out of memory with cached memory that could not be given back safely: no \
+             synchronize hook drained the host's queued work",
+            self.index
+        ));
     }
 
     /// What a malloc does before it releases cached memory (and a free before it records
