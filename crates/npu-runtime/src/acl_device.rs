@@ -523,17 +523,32 @@ impl Device for AclDevice {
         })
     }
 
+    /// A failure is said once: the core's free then waits for the whole device instead (a
+    /// full synchronization where an event would have done). An event whose record failed is
+    /// destroyed, not pooled: it may be what is broken, and the pool hands out the last one
+    /// first.
     fn record_event(&mut self, stream: Stream) -> Result<Event, AclError> {
         self.platform.bind(self.index)?;
         let lib = &self.platform.lib;
         let event = match self.pool.pop() {
             Some(event) => event,
-            None => lib.create_event(EventFlags::CAPTURE_STREAM_PROGRESS)?,
+            // torch_npu's `AclrtCreateEventWithFlag` prefers the Ex event where the library has
+            // it: reusable without reset and not limited in number; it is queried only through
+            // `aclrtQueryEventStatus`, so the plain one serves where that is missing.
+            None if lib.has_create_event_ex() && lib.has_symbol("aclrtQueryEventStatus") => lib
+                .create_event_ex(EventFlags::CAPTURE_STREAM_PROGRESS)
+                .inspect_err(|e| self.warn_event_fallback(e))?,
+            None => lib
+                .create_event(EventFlags::CAPTURE_STREAM_PROGRESS)
+                .inspect_err(|e| self.warn_event_fallback(e))?,
         };
         match lib.record_event(&event, stream.0) {
             Ok(()) => Ok(event),
             Err(e) => {
-                self.pool.push(event);
+                if let Err(d) = lib.destroy_event(event) {
+                    log::warn!("NPU {}: destroying an event failed: {d}", self.index);
+                }
+                self.warn_event_fallback(&e);
                 Err(e)
             }
         }
@@ -676,6 +691,19 @@ impl Device for AclDevice {
         p.bind(self.index).map_err(vmm_error)?;
         let dst = vmm_ptr("aclrtMemcpy", dst)?;
         p.lib.memcpy_to_device(dst, src, count).map_err(vmm_error)
+    }
+}
+
+impl AclDevice {
+    /// Once per device: a failed event create or record, after which frees of blocks used on
+    /// other streams synchronize the device instead.
+    #[cold]
+    fn warn_event_fallback(&self, e: &AclError) {
+        warn_once(&format!(
+            "NPU {}: an event for a block used on other streams could not be recorded ({e}): \
+             such frees wait for the whole device instead (aclrtSynchronizeDevice)",
+            self.index
+        ));
     }
 }
 

@@ -184,7 +184,7 @@ fn empty_cache_synchronizes_then_frees_each_segment() {
 
 /// A block used on a second stream is reused only after its event completes; the event comes
 /// back to the pool. `query` is the symbol the runtime must poll with.
-fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str) {
+fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str, create: &str) {
     let fake = FakeAcl::new(variant, 1 << 30, 1);
     let (platform, rt) = platform_and_runtime(&fake, Config::default());
     let lib = platform.lib();
@@ -193,7 +193,7 @@ fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str
     let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
     rt.record_stream(a, side).unwrap();
     rt.free(a).unwrap();
-    assert_eq!(fake.calls("aclrtCreateEventWithFlag"), 1);
+    assert_eq!(fake.calls(create), 1);
     assert_eq!(fake.calls("aclrtRecordEvent"), 1);
     assert_eq!(fake.pending_events(), 1);
     assert_eq!(stat(&rt, "active_bytes.all.current"), 1536);
@@ -213,7 +213,7 @@ fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str
     // The completed event is reused, not created again.
     rt.record_stream(c, side).unwrap();
     rt.free(c).unwrap();
-    assert_eq!(fake.calls("aclrtCreateEventWithFlag"), 1);
+    assert_eq!(fake.calls(create), 1);
     assert_eq!(fake.calls("aclrtRecordEvent"), 2);
     assert_eq!(fake.live_events(), 1);
     drop((platform, rt));
@@ -288,7 +288,41 @@ fn with_a_host_queue_a_free_drains_before_it_records_events() {
 
 #[test]
 fn record_stream_polls_query_event_status() {
-    record_stream_waits_for_the_event(Variant::Full, "aclrtQueryEventStatus", "aclrtMallocAlign32");
+    // torch_npu's choice: the Ex event where the library has it.
+    record_stream_waits_for_the_event(
+        Variant::Full,
+        "aclrtQueryEventStatus",
+        "aclrtMallocAlign32",
+        "aclrtCreateEventExWithFlag",
+    );
+}
+
+/// A failed `aclrtRecordEvent`: the free waits for the whole device instead and the block is
+/// reusable at once; the event is destroyed rather than pooled (it may be what is broken), so
+/// the next free creates a new one.
+#[test]
+fn a_failed_event_record_synchronizes_and_destroys_the_event() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let (platform, rt) = platform_and_runtime(&fake, Config::default());
+    let lib = platform.lib();
+    lib.set_device(0).unwrap();
+    let side = Stream::from(lib.create_stream().unwrap());
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.record_stream(a, side).unwrap();
+    fake.fail_next("aclrtRecordEvent", 507_899, 1);
+    let syncs = fake.calls("aclrtSynchronizeDevice");
+    rt.free(a).unwrap();
+    assert_eq!(fake.calls("aclrtSynchronizeDevice"), syncs + 1);
+    assert_eq!(fake.live_events(), 0, "the failed event is destroyed");
+    assert_eq!(stat(&rt, "active_bytes.all.current"), 0);
+    assert_eq!(rt.malloc(1000, 0, Stream::DEFAULT).unwrap(), a);
+    rt.record_stream(a, side).unwrap();
+    rt.free(a).unwrap();
+    assert_eq!(fake.calls("aclrtCreateEventExWithFlag"), 2);
+    assert_eq!(fake.pending_events(), 1);
+    fake.complete_all_events();
+    drop((platform, rt));
+    assert_eq!(fake.live_events(), 0);
 }
 
 #[test]
@@ -302,7 +336,12 @@ fn missing_optional_symbols_fall_back() {
     // aclrtMalloc pads by 32 bytes itself.
     assert_eq!(fake.used(0), 2 * MIB + 32);
     drop((platform, rt));
-    record_stream_waits_for_the_event(Variant::Legacy, "aclrtQueryEvent", "aclrtMalloc");
+    record_stream_waits_for_the_event(
+        Variant::Legacy,
+        "aclrtQueryEvent",
+        "aclrtMalloc",
+        "aclrtCreateEventWithFlag",
+    );
 }
 
 #[test]

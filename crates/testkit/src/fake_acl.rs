@@ -24,7 +24,8 @@ use libloading::Library;
 pub enum Variant {
     /// Every symbol the runtime uses.
     Full,
-    /// Without `aclrtMallocAlign32` and `aclrtQueryEventStatus` (feature `legacy-cann`).
+    /// Without `aclrtMallocAlign32`, `aclrtQueryEventStatus` and `aclrtCreateEventExWithFlag`
+    /// (feature `legacy-cann`).
     Legacy,
     /// Without the virtual-memory symbols (feature `no-vmm`): `aclrtReserveMemAddress`,
     /// `aclrtReleaseMemAddress`, `aclrtMallocPhysical`, `aclrtFreePhysical`, `aclrtMapMem`,

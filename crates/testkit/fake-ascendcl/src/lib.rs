@@ -34,7 +34,8 @@
 //!   ([`fake_acl_call_details`]).
 //!
 //! With the `legacy-cann` feature the library lacks `aclrtMallocAlign32`,
-//! `aclrtQueryEventStatus` and `aclsysGetCANNVersion`, like an old CANN, so the runtime's
+//! `aclrtQueryEventStatus`, `aclrtCreateEventExWithFlag` and `aclsysGetCANNVersion`, like an
+//! old CANN, so the runtime's
 //! fallbacks can be tested. `aclsysGetCANNVersion` otherwise reports CANN 8.5.0 and driver
 //! 25.5.0, or what a test sets ([`fake_acl_set_versions`]). With the
 //! `no-vmm` feature it lacks the VMM symbols (`aclrtReserveMemAddress`, `aclrtReleaseMemAddress`,
@@ -973,6 +974,21 @@ fn create_event(name: &'static str, event: *mut *mut c_void) -> AclCode {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn aclrtCreateEventWithFlag(event: *mut *mut c_void, _flag: u32) -> AclCode {
     create_event("aclrtCreateEventWithFlag", event)
+}
+
+/// `aclrtCreateEventExWithFlag(&event, flag)`: newer CANN's event, which torch_npu prefers
+/// when the library exports it (not in the `legacy-cann` build). The fake's events are the same
+/// either way.
+///
+/// # Safety
+/// Pointer arguments must be null or valid for writes of their pointee (the C contract).
+#[cfg(not(feature = "legacy-cann"))]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn aclrtCreateEventExWithFlag(
+    event: *mut *mut c_void,
+    _flag: u32,
+) -> AclCode {
+    create_event("aclrtCreateEventExWithFlag", event)
 }
 
 /// `aclrtCreateEvent(&event)`.
