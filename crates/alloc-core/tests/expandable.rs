@@ -687,3 +687,41 @@ fn a_forgotten_pool_frees_its_cached_pages() {
     assert_eq!(device(&a), (0, 0, vec![]));
     check_consistency(&a);
 }
+
+/// A map that fails part-way with kept pages: a failed creation frees every page the call
+/// took, kept ones included (torch_npu frees its call's handles), and the retry chain's next
+/// attempt creates them anew; a failed map frees the pages not mapped, and the mapped ones stay
+/// as a free block. The books stay exact either way.
+#[test]
+fn a_map_that_fails_with_kept_pages_frees_what_it_took() {
+    let mut a = expandable(GIB, "");
+    let x = a.malloc(60 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    a.empty_virt_addr_cache().unwrap();
+    assert_eq!(a.held().cached_pages, 3);
+    assert_eq!(page_calls(&a), (3, 0, 3));
+    // 100 MiB: the 3 kept pages, a new one, and the fifth refused.
+    a.device_mut()
+        .fail_nth(DeviceCall::CreatePage, 2, Fault::OutOfMemory);
+    let y = a.malloc(100 * MIB, S0).unwrap();
+    // The 3 kept and the 1 created were freed; the retry created all 5.
+    assert_eq!(page_calls(&a), (3 + 2 + 5, 4, 3 + 5));
+    assert_eq!(a.held().cached_pages, 0);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    check_consistency(&a);
+    a.free(y).unwrap();
+    a.empty_virt_addr_cache().unwrap();
+    assert_eq!(a.held().cached_pages, 5);
+    // The third map call of the next malloc fails: two pages mapped and kept as a free block,
+    // the other three freed.
+    a.device_mut()
+        .fail_nth(DeviceCall::Map, 3, Fault::Error(507_899));
+    assert!(a.malloc(100 * MIB, S0).is_err());
+    assert_eq!(a.held().cached_pages, 0);
+    assert_eq!(device(&a).1, 40 * MIB);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (40 * MIB) as i64);
+    check_consistency(&a);
+    a.empty_cache().unwrap();
+    assert_eq!(device(&a), (0, 0, vec![]));
+    check_consistency(&a);
+}

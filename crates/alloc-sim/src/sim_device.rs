@@ -291,6 +291,9 @@ pub struct SimDevice {
     /// range of that unmap and the address just past it, where the run would continue.
     unmap_run: Option<(u64, u64)>,
     map_runs: u64,
+    /// The address just past the last successful map: a map there, right after it, continues
+    /// its run.
+    map_next: u64,
     unmap_runs: u64,
     /// Requests refused because the 64-bit address space ran out (addresses are never reused).
     address_space_refusals: u64,
@@ -334,6 +337,7 @@ impl SimDevice {
             last_call: None,
             unmap_run: None,
             map_runs: 0,
+            map_next: 0,
             unmap_runs: 0,
             address_space_refusals: 0,
         }
@@ -437,8 +441,9 @@ impl SimDevice {
         self.last_call.replace(call)
     }
 
-    /// Runs of successful `map` calls with no other call between them: one per map call of the
-    /// allocator (torch counts `num_device_alloc` per map call, however many pages it maps).
+    /// Runs of successful `map` calls of consecutive pages with no other call between them: one
+    /// per map call of the allocator (torch counts `num_device_alloc` per map call, however many
+    /// pages it maps).
     pub fn map_runs(&self) -> u64 {
         self.map_runs
     }
@@ -901,9 +906,13 @@ impl Device for SimDevice {
         }
         self.mappings.insert(addr, (page.id, bytes));
         self.mapped_bytes += bytes;
-        if before != Some(DeviceCall::Map) {
+        // One map call of the allocator maps consecutive pages with nothing between them (its
+        // pages, kept or new, are all taken first); two such calls in one malloc, each with
+        // pages kept by `empty_virt_addr_cache`, follow each other at other addresses.
+        if before != Some(DeviceCall::Map) || addr != self.map_next {
             self.map_runs += 1;
         }
+        self.map_next = addr + bytes;
         Ok(())
     }
 

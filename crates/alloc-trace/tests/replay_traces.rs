@@ -244,6 +244,25 @@ empty_cache
 }
 
 #[test]
+fn two_map_calls_of_one_malloc_with_kept_pages_count_twice() {
+    // After empty_virt_addr_cache, d's malloc maps a's range and then c's with kept pages and no
+    // other device call between the two map calls: torch counts each (num_device_alloc +2),
+    // and `--check`'s count of the simulator's map runs must too.
+    let text = "capacity 4G\npad 0\nconf expandable_segments:True\nalloc a 20M\nalloc b 20M\n\
+                alloc c 20M\nfree a\nfree c\nempty_virt_addr_cache\nfree b\nalloc d 60M\n";
+    let trace = alloc_trace::parse_str("kept.trace", text).unwrap();
+    let setup = Setup::from_trace(
+        &trace,
+        alloc_conf::parse(trace.conf.as_deref().unwrap()).conf,
+        None,
+        None,
+    );
+    let r = alloc_trace::replay_checked(&trace, &setup, alloc_trace::Checks::default()).unwrap();
+    assert_eq!(r.end.stats.num_device_alloc, 5);
+    assert_eq!(r.device_mallocs, 5);
+}
+
+#[test]
 fn a_double_free_in_a_parked_range_is_not_allocated() {
     // The device refuses to release an expandable segment's reserved range at `empty_cache`, so
     // the allocator parks the range for the next try and forgets the segment. A second free of

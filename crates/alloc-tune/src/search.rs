@@ -346,6 +346,10 @@ pub fn tune(trace: &Trace, options: &Options<'_>) -> Result<Outcome, TuneError> 
         };
     }
 
+    // A refinement not finished for want of budget (a batch may have filled it exactly).
+    if radius <= keys.len() && search.budget_left() == 0 && !search.stopped_early {
+        search.budget_spent = true;
+    }
     let mut ranked = search.evals;
     ranked.sort_by(|a, b| a.rank().cmp(&b.rank()));
     let setup = Setup::from_trace(trace, Default::default(), options.capacity, options.pad);

@@ -86,7 +86,7 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
 /// without one, a malloc releases nothing.
 pub(crate) fn apply(rt: &npu_runtime::NpuAllocator) {
     let wrap = |h: NpuAllocSyncHook| -> npu_runtime::SyncHook {
-        std::sync::Arc::new(move |device: u32| call(h, device) == 0)
+        std::sync::Arc::new(move |device: u32| call(h, device) == Some(0))
     };
     match hook() {
         Some(h) => rt.set_host_queue(npu_runtime::HostQueue::SyncFirst, Some(wrap(h))),
@@ -113,13 +113,10 @@ thread_local! {
     static IN_HOOK: Cell<bool> = const { Cell::new(false) };
 }
 
-/// What [`call`] answers, without calling, for a hook called from inside a hook on the same
-/// thread (a hook that calls back into npu-alloc): the inner call goes on as if its hook had
-/// failed, instead of recursing without end.
-const REENTERED: c_int = c_int::MIN;
-
-/// Calls hook `h` for `device`, a C int, unless a hook is running on this thread already.
-fn call(h: NpuAllocSyncHook, device: u32) -> c_int {
+/// Calls hook `h` for `device`, a C int; `None`, without calling it, when a hook is running
+/// on this thread already (a hook that called back into npu-alloc): the inner call goes on as
+/// if its hook had failed, instead of recursing without end.
+fn call(h: NpuAllocSyncHook, device: u32) -> Option<c_int> {
     /// Clears the flag when the hook returns.
     struct Leave;
     impl Drop for Leave {
@@ -128,10 +125,10 @@ fn call(h: NpuAllocSyncHook, device: u32) -> c_int {
         }
     }
     if IN_HOOK.try_with(|c| c.replace(true)).unwrap_or(true) {
-        return REENTERED;
+        return None;
     }
     let _leave = Leave;
-    h(c_int::try_from(device).unwrap_or(c_int::MAX))
+    Some(h(c_int::try_from(device).unwrap_or(c_int::MAX)))
 }
 
 /// `device`, or (`None`) every device `rt` has opened: one it never used holds none of its
@@ -154,8 +151,8 @@ pub(crate) fn synchronize_before_release(
     };
     for d in devices(rt, device) {
         match call(h, d) {
-            0 => {}
-            REENTERED => {
+            Some(0) => {}
+            None => {
                 return Err(Fail::new(
                     NpuAllocStatus::Refused,
                     format!(
@@ -164,7 +161,7 @@ pub(crate) fn synchronize_before_release(
                     ),
                 ));
             }
-            code => {
+            Some(code) => {
                 return Err(Fail::new(
                     NpuAllocStatus::DeviceError,
                     format!(

@@ -303,11 +303,14 @@ where
     /// so the error's allocated, active and reserved bytes are read again after them.
     #[cold]
     fn malloc_failed(&self, mut e: RuntimeError<D::Error>) -> RuntimeError<D::Error> {
-        // Without a synchronize hook a malloc gives no cached memory back: say so, once.
+        // Without a synchronize hook a malloc gives no cached memory back (cached blocks, or
+        // pages `empty_virt_addr_cache` kept): say so, once.
         if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &e
-            && oom.reserved > oom.active
             && let Ok(Entry::Caching(a)) = self.entry(oom.device)
-            && a.with(|x| x.host_queue()) == alloc_core::HostQueue::NoRelease
+            && a.with(|x| {
+                x.host_queue() == alloc_core::HostQueue::NoRelease
+                    && (oom.reserved > oom.active || x.held().cached_pages > 0)
+            })
         {
             a.warn_unsynchronized();
         }
