@@ -335,8 +335,8 @@ enum NpuAllocStatus npu_alloc_region_begin(int device, const char *tag, bool cpu
 enum NpuAllocStatus npu_alloc_region_end(int device);
 
 /**
- * torch_memory_saver's `pause(tag)` (NULL: every tag) on every device, after the synchronize
- * hook.
+ * torch_memory_saver's `pause(tag)` (NULL or `""`: every tag) on every device, after the
+ * synchronize hook.
  *
  * # Safety
  * `tag` is null or a NUL-terminated string.
@@ -344,7 +344,7 @@ enum NpuAllocStatus npu_alloc_region_end(int device);
 enum NpuAllocStatus npu_alloc_pause(const char *tag);
 
 /**
- * torch_memory_saver's `resume(tag)` (NULL: every paused tag) on every device.
+ * torch_memory_saver's `resume(tag)` (NULL or `""`: every paused tag) on every device.
  *
  * # Safety
  * `tag` is null or a NUL-terminated string.

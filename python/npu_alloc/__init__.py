@@ -455,14 +455,33 @@ class _MemorySaver:
     for code written against it: ``region``, ``pause``, ``resume``, ``disable`` and ``enabled``
     behave as upstream's (on the current device). ``hook_mode`` accepts upstream's values and
     changes nothing: npu-alloc is the allocator, there is nothing to hook. What npu-alloc does
-    not offer (``cuda_graph``, ``get_cpu_backup``, ``memory_margin_bytes``) raises
-    ``NotImplementedError`` rather than doing something else silently. As upstream, pausing or
+    not offer (``cuda_graph``, ``get_cpu_backup``, ``memory_margin_bytes``, a true
+    ``retain_cpu_backup``, ``enable_disk_backup``) raises ``NotImplementedError`` rather than
+    doing something else silently; ``configure_subprocess`` has nothing to configure. As upstream, pausing or
     resuming a tag no region was entered for does nothing (``npu_alloc.pause`` refuses it)."""
 
     enabled = True
 
-    def region(self, tag="default", enable_cpu_backup=False):
+    def region(self, tag="default", enable_cpu_backup=False, enable_disk_backup=False):
+        if enable_disk_backup:
+            raise NotImplementedError("npu-alloc has no disk backup (docs/memory-saver.md)")
         return region(tag, enable_cpu_backup)
+
+    @contextlib.contextmanager
+    def configure_subprocess(self):
+        # Upstream sets LD_PRELOAD for child processes; npu-alloc hooks nothing, so there is
+        # nothing to set.
+        yield
+
+    @property
+    def retain_cpu_backup(self):
+        return False
+
+    @retain_cpu_backup.setter
+    def retain_cpu_backup(self, value):
+        if value:
+            raise NotImplementedError("npu-alloc keeps no CPU backup after a resume "
+                                      "(docs/memory-saver.md)")
 
     # A tag no region was entered for: upstream does nothing (SGLang pauses and resumes its
     # "cuda_graph" tag whether or not it has one); npu-alloc's own pause and resume refuse it.

@@ -243,6 +243,16 @@ class MemorySaver(unittest.TestCase):
             tms.memory_margin_bytes = 1 << 30
         with self.assertRaises(NotImplementedError):
             tms.cuda_graph(None)
+        with self.assertRaises(NotImplementedError):
+            tms.retain_cpu_backup = True
+        tms.retain_cpu_backup = False
+        with self.assertRaises(NotImplementedError):
+            tms.region("singleton_tag", enable_disk_backup=True)
+        with tms.configure_subprocess():
+            pass
+        # The C library reads an empty tag as every tag, as tms_pause("") does.
+        lib = ctypes.CDLL(os.environ["NPU_ALLOC_LIB"])
+        self.assertEqual(lib.npu_alloc_resume(b""), 0)
         # A tag without a region: nothing happens, as upstream (SGLang's "cuda_graph" tag);
         # npu-alloc's own pause refuses it.
         tms.pause("cuda_graph")

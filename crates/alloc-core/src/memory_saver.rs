@@ -259,8 +259,11 @@ impl<D: Device> Allocator<D> {
     pub fn pause(&mut self, tag: Option<&str>) -> Result<u64, SaverError<D::Error>> {
         let mut sets = self.saver_sets(tag)?;
         if tag.is_none() {
-            // `pause()` leaves the tags already paused alone.
-            sets.retain(|&set| !self.set_paused(set));
+            // `pause()` leaves the tags already paused alone, but not one a failed pause left
+            // with segments still mapped: a retry finishes it.
+            sets.retain(|&set| {
+                !self.set_paused(set) || !self.saver_segments_of(&[set], true).is_empty()
+            });
         }
         let targets = self.saver_segments_of(&sets, true);
         if let Some(tag) = tag {
@@ -271,16 +274,34 @@ impl<D: Device> Allocator<D> {
         }
         // Work queued on the device may still use the memory: wait for it first.
         self.device.synchronize().map_err(SaverError::Device)?;
+        let was_paused: Vec<bool> = sets.iter().map(|&set| self.set_paused(set)).collect();
         for &set in &sets {
-            if let Some(s) = self.pools.private_mut(set).and_then(|p| p.saver.as_mut()) {
-                s.paused = true;
-            }
+            self.mark_paused(set, true);
         }
         let mut paused = 0;
         for addr in targets {
-            paused += self.pause_segment(addr)?;
+            match self.pause_segment(addr) {
+                Ok(bytes) => paused += bytes,
+                Err(e) => {
+                    // A set this call marked but left wholly mapped is not paused: it keeps
+                    // allocating until a retry pauses it.
+                    for (&set, &was) in sets.iter().zip(&was_paused) {
+                        if !was && self.saver_segments_of(&[set], false).is_empty() {
+                            self.mark_paused(set, false);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(paused)
+    }
+
+    /// Marks set `set`'s tag paused or not.
+    fn mark_paused(&mut self, set: PoolSet, paused: bool) {
+        if let Some(s) = self.pools.private_mut(set).and_then(|p| p.saver.as_mut()) {
+            s.paused = paused;
+        }
     }
 
     /// Backs up (if the tag asks), unmaps and frees one mapped segment's memory.

@@ -150,6 +150,11 @@ impl<D: Device> Allocator<D> {
         if !synchronized {
             return self.give_up(None, &req);
         }
+        // The lock was dropped for the hook: the pool may have been released, or its tag
+        // paused, by another thread since the malloc started.
+        if let Some(e) = self.set_refusal(req.set) {
+            return MallocStep::Done(Err(e));
+        }
         match after_sync {
             AfterSync::Gc => {
                 if let Err(e) = self.garbage_collect_cached_blocks() {

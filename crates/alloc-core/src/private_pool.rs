@@ -407,17 +407,26 @@ impl<D: crate::Device> crate::Allocator<D> {
     /// The set requests for `pool` are served from, or why there is none.
     pub(crate) fn routable_set<E>(&self, pool: PoolId) -> Result<PoolSet, crate::AllocError<E>> {
         let set = self.pools.set_of(pool).ok_or(PoolError::Unknown(pool))?;
-        if let Some(p) = self.pools.private(set) {
-            if p.use_count == 0 {
-                return Err(PoolError::Released(pool).into());
-            }
-            if let Some(saver) = p.saver.as_ref().filter(|s| s.paused) {
-                return Err(crate::AllocError::Paused {
-                    tag: saver.tag.clone(),
-                });
-            }
+        match self.set_refusal(set) {
+            Some(e) => Err(e),
+            None => Ok(set),
         }
-        Ok(set)
+    }
+
+    /// Why set `set` takes no allocation now: its pool was released, or its memory-saver tag
+    /// is paused. Checked when a malloc starts, and again when it goes on after the lock was
+    /// dropped for the host's queue (another thread may have paused the tag meanwhile).
+    pub(crate) fn set_refusal<E>(&self, set: PoolSet) -> Option<crate::AllocError<E>> {
+        let p = self.pools.private(set)?;
+        if p.use_count == 0 {
+            return Some(PoolError::Released(p.id).into());
+        }
+        p.saver
+            .as_ref()
+            .filter(|s| s.paused)
+            .map(|saver| crate::AllocError::Paused {
+                tag: saver.tag.clone(),
+            })
     }
 
     /// Counts a segment (device segment or expandable range) in or out of a private pool.

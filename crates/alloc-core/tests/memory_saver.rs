@@ -176,20 +176,56 @@ fn out_of_host_memory_while_pausing_keeps_the_rest_mapped_and_can_be_retried() {
     );
     assert_eq!(a.saver_stats().paused_bytes.current, (20 * MIB) as i64);
     assert_eq!(a.device().live_host_buffers(), 1);
-    // Marked paused: nothing more is handed out of it; pause() of every tag passes it over.
+    // Marked paused: nothing more is handed out of it; pause() of every tag pauses what is
+    // still mapped, its second segment included, as torch_memory_saver pauses every active
+    // allocation.
     let weights = a.saver_pool("weights", true).unwrap();
     assert!(matches!(
         a.malloc_in(1000, S0, weights),
         Err(AllocError::Paused { .. })
     ));
-    assert_eq!(a.pause(None), Ok(30 * MIB), "the kv tag's segment only");
+    assert_eq!(
+        a.pause(None),
+        Ok(50 * MIB),
+        "the kv tag's segment and the weights' second"
+    );
     check_consistency(&a);
-    assert_eq!(a.pause(Some("weights")), Ok(20 * MIB));
+    assert!(matches!(
+        a.pause(Some("weights")),
+        Err(SaverError::AlreadyPaused(_))
+    ));
     assert_eq!(a.saver_stats().paused_bytes.current, (70 * MIB) as i64);
     assert_eq!(a.resume(None), Ok(70 * MIB));
     assert_eq!(a.device().read_bytes(w1, 2).unwrap(), b"w1");
     assert_eq!(a.device().read_bytes(w2, 2).unwrap(), b"w2");
     assert_eq!(a.device().live_host_buffers(), 0);
+    check_consistency(&a);
+}
+
+/// A `pause()` of every tag that fails on the first tag leaves the tags it did not reach
+/// unpaused (they keep allocating), and a retry pauses everything.
+#[test]
+fn a_failed_pause_of_every_tag_leaves_the_tags_it_did_not_reach_unpaused() {
+    let (mut a, _) = rollout();
+    // The weights' first backup fails: nothing is paused at all.
+    a.device_mut()
+        .fail_nth(DeviceCall::AllocHost, 1, Fault::OutOfMemory);
+    assert!(matches!(
+        a.pause(None),
+        Err(SaverError::HostOutOfMemory { .. })
+    ));
+    assert_eq!(a.saver_stats().paused_bytes.current, 0);
+    let kv = a.saver_pool("kv", false).unwrap();
+    let weights = a.saver_pool("weights", true).unwrap();
+    let more = a.malloc_in(1000, S0, kv).unwrap();
+    a.free(more).unwrap();
+    let more = a.malloc_in(1000, S0, weights).unwrap();
+    a.free(more).unwrap();
+    check_consistency(&a);
+    // Each 1000-byte allocation took a 2 MiB small segment of its tag.
+    assert_eq!(a.pause(None), Ok(74 * MIB));
+    assert_eq!(a.pause(None), Ok(0));
+    assert_eq!(a.resume(None), Ok(74 * MIB));
     check_consistency(&a);
 }
 

@@ -315,3 +315,29 @@ fn with_a_host_queue_a_free_with_stream_uses_waits_for_a_drain() {
     assert_eq!(a.device().events_recorded(), 2);
     check_consistency(&a);
 }
+
+/// With a host queue the lock is dropped while the caller drains it; another thread may pause
+/// the region's tag meanwhile. The malloc then refuses as it would have at its start, and no
+/// segment appears in the paused tag.
+#[test]
+fn a_tag_paused_while_the_malloc_waited_for_a_sync_refuses_it() {
+    let mut a = cuda(GIB, &AllocConf::default());
+    a.set_host_queue(HostQueue::SyncFirst);
+    let pool = a.saver_pool("w", false).unwrap();
+    a.retain_pool(pool).unwrap();
+    let x = a.malloc_in(20 * MIB, S0, pool).unwrap();
+    // 2 GiB cannot be had on the 1 GiB device: the chain stops for a sync before it releases.
+    let pending = sync_request(a.begin_malloc_in(2 * GIB, S0, pool));
+    assert_eq!(a.pause(Some("w")), Ok(20 * MIB));
+    let err = done(a.resume_after_sync(pending, true)).unwrap_err();
+    assert!(
+        matches!(err, AllocError::Paused { ref tag } if tag == "w"),
+        "{err:?}"
+    );
+    assert_eq!(a.saver_segments().len(), 1);
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    check_consistency(&a);
+    a.resume(Some("w")).unwrap();
+    a.free(x).unwrap();
+    check_consistency(&a);
+}

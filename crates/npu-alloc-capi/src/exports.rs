@@ -664,20 +664,30 @@ pub extern "C" fn npu_alloc_region_end(device: c_int) -> NpuAllocStatus {
     status(|| Ok(runtime()?.end_region(self::device(device)?)?))
 }
 
-/// torch_memory_saver's `pause(tag)` (NULL: every tag) on every device, after the synchronize
-/// hook.
+/// The tag of a pause or resume: NULL or `""` is every tag, as torch_memory_saver's
+/// `tms_pause("")`.
+///
+/// # Safety
+/// `tag` is null or a NUL-terminated string.
+unsafe fn saver_tag<'a>(tag: *const c_char) -> Result<Option<&'a str>, Fail> {
+    if tag.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-null, and NUL-terminated by the caller's contract.
+    let tag = unsafe { text(tag, "tag") }?;
+    Ok((!tag.is_empty()).then_some(tag))
+}
+
+/// torch_memory_saver's `pause(tag)` (NULL or `""`: every tag) on every device, after the
+/// synchronize hook.
 ///
 /// # Safety
 /// `tag` is null or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_pause(tag: *const c_char) -> NpuAllocStatus {
     status_keeping_device(|| {
-        let tag = if tag.is_null() {
-            None
-        } else {
-            // SAFETY: non-null, and NUL-terminated by the caller's contract.
-            Some(unsafe { text(tag, "tag") }?)
-        };
+        // SAFETY: forwarded from the caller's contract.
+        let tag = unsafe { saver_tag(tag) }?;
         let rt = runtime()?;
         synchronize_before_release(rt, None)?;
         rt.pause(tag)?;
@@ -685,19 +695,15 @@ pub unsafe extern "C" fn npu_alloc_pause(tag: *const c_char) -> NpuAllocStatus {
     })
 }
 
-/// torch_memory_saver's `resume(tag)` (NULL: every paused tag) on every device.
+/// torch_memory_saver's `resume(tag)` (NULL or `""`: every paused tag) on every device.
 ///
 /// # Safety
 /// `tag` is null or a NUL-terminated string.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_resume(tag: *const c_char) -> NpuAllocStatus {
     status_keeping_device(|| {
-        let tag = if tag.is_null() {
-            None
-        } else {
-            // SAFETY: non-null, and NUL-terminated by the caller's contract.
-            Some(unsafe { text(tag, "tag") }?)
-        };
+        // SAFETY: forwarded from the caller's contract.
+        let tag = unsafe { saver_tag(tag) }?;
         runtime()?.resume(tag)?;
         Ok(())
     })

@@ -60,11 +60,20 @@ impl<D: Device> core::fmt::Debug for MemPool<'_, D> {
     }
 }
 
-/// An open `use_mem_pool` or `region` scope; dropping it ends it.
+/// An open `use_mem_pool` or `region` scope; dropping it ends it. It stays on the thread that
+/// opened it (not `Send`): the scope is that thread's, and a drop elsewhere could not end it.
+///
+/// ```compile_fail
+/// fn send<T: Send>(_: T) {}
+/// fn scope(rt: &npu_runtime::NpuAllocator) {
+///     send(rt.region(0, "kv", false).unwrap());
+/// }
+/// ```
 #[must_use = "dropping the guard ends the scope at once"]
 pub struct ScopeGuard<'a, D: Device> {
     runtime: &'a Runtime<D>,
     scope: Scope,
+    _thread: core::marker::PhantomData<*const ()>,
 }
 
 impl<D: Device> core::fmt::Debug for ScopeGuard<'_, D> {
@@ -89,16 +98,18 @@ where
         if self.open_scopes.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        SCOPES.with(|s| {
-            let s = s.borrow();
-            if s.is_empty() {
-                return None;
-            }
-            s.iter()
-                .rev()
-                .find(|x| x.runtime == self.id && x.device == device)
-                .map(|x| x.pool)
-        })
+        // `try_with`: a malloc from a thread-local destructor, after this one was destroyed,
+        // has no scope open.
+        SCOPES
+            .try_with(|s| {
+                let s = s.borrow();
+                s.iter()
+                    .rev()
+                    .find(|x| x.runtime == self.id && x.device == device)
+                    .map(|x| x.pool)
+            })
+            .ok()
+            .flatten()
     }
 
     /// `device`'s caching allocator; without caching (PYTORCH_NO_NPU_MEMORY_CACHING) there are
@@ -144,6 +155,7 @@ where
         self.begin_use_pool(pool.device, pool.id)?;
         Ok(ScopeGuard {
             runtime: self,
+            _thread: core::marker::PhantomData,
             scope: Scope {
                 runtime: self.id,
                 device: pool.device,
@@ -194,6 +206,7 @@ where
         let pool = self.begin_region(device, tag, cpu_backup)?;
         Ok(ScopeGuard {
             runtime: self,
+            _thread: core::marker::PhantomData,
             scope: Scope {
                 runtime: self.id,
                 device,
@@ -349,11 +362,14 @@ fn remove(open: &AtomicU64, is: impl Fn(&Scope) -> bool) -> bool {
 
 /// [`remove`], returning the scope.
 fn take(open: &AtomicU64, is: impl Fn(&Scope) -> bool) -> Option<Scope> {
-    let scope = SCOPES.with(|s| {
-        let mut s = s.borrow_mut();
-        let i = s.iter().rposition(is)?;
-        Some(s.remove(i))
-    });
+    let scope = SCOPES
+        .try_with(|s| {
+            let mut s = s.borrow_mut();
+            let i = s.iter().rposition(is)?;
+            Some(s.remove(i))
+        })
+        .ok()
+        .flatten();
     if scope.is_some() {
         open.fetch_sub(1, Ordering::Relaxed);
     }
