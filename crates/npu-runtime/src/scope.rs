@@ -98,18 +98,16 @@ where
         if self.open_scopes.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        // `try_with`: a malloc from a thread-local destructor, after this one was destroyed,
-        // has no scope open.
-        SCOPES
-            .try_with(|s| {
-                let s = s.borrow();
-                s.iter()
-                    .rev()
-                    .find(|x| x.runtime == self.id && x.device == device)
-                    .map(|x| x.pool)
-            })
-            .ok()
-            .flatten()
+        SCOPES.with(|s| {
+            let s = s.borrow();
+            if s.is_empty() {
+                return None;
+            }
+            s.iter()
+                .rev()
+                .find(|x| x.runtime == self.id && x.device == device)
+                .map(|x| x.pool)
+        })
     }
 
     /// `device`'s caching allocator; without caching (PYTORCH_NO_NPU_MEMORY_CACHING) there are
