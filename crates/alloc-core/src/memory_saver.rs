@@ -44,6 +44,9 @@ pub(crate) struct SaverSegment<P, H> {
     set: PoolSet,
     page: Option<P>,
     backup: Option<H>,
+    /// Mapped, but its backup's bytes were never copied back (the copy failed and so did the
+    /// unmap that would have undone the map): the next resume copies them.
+    stale: bool,
 }
 
 /// The memory saver's books.
@@ -307,7 +310,7 @@ impl<D: Device> Allocator<D> {
     /// Backs up (if the tag asks), unmaps and frees one mapped segment's memory.
     fn pause_segment(&mut self, addr: u64) -> Result<u64, SaverError<D::Error>> {
         let seg = &self.saver.segments[&addr];
-        let (size, set) = (seg.size, seg.set);
+        let (size, set, stale) = (seg.size, seg.set, seg.stale);
         let SaverTag {
             tag, cpu_backup, ..
         } = self.saver_tag(set).clone();
@@ -329,7 +332,8 @@ impl<D: Device> Allocator<D> {
                     e => saver_err(e, &tag, size),
                 })?,
             };
-            if let Err(e) = self.device.copy_to_host(&mut buffer, addr, size) {
+            // A stale segment's buffer holds its bytes; the device's are not them.
+            if !stale && let Err(e) = self.device.copy_to_host(&mut buffer, addr, size) {
                 self.give_back_host(buffer);
                 return Err(saver_err(e, &tag, size));
             }
@@ -339,13 +343,21 @@ impl<D: Device> Allocator<D> {
         };
         if let Err(e) = self.device.unmap(addr, size) {
             if let Some(buffer) = backup {
-                self.give_back_host(buffer);
+                if stale {
+                    // Its bytes live only there.
+                    if let Some(seg) = self.saver.segments.get_mut(&addr) {
+                        seg.backup = Some(buffer);
+                    }
+                } else {
+                    self.give_back_host(buffer);
+                }
             }
             return Err(saver_err(e, &tag, size));
         }
         let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
         let page = seg.page.take().expect("a mapped segment");
         seg.backup = backup;
+        seg.stale = false;
         self.give_back_page(page);
         self.saver.paused.increase(size);
         self.saver.per_tag.entry(tag).or_default().increase(size);
@@ -361,6 +373,17 @@ impl<D: Device> Allocator<D> {
         sets.retain(|&set| self.set_paused(set));
         if let (Some(tag), true) = (tag, sets.is_empty()) {
             return Err(SaverError::NotPaused(tag.to_string()));
+        }
+        // Segments a double fault left mapped without their bytes: copied back first.
+        let stale: Vec<u64> = self
+            .saver
+            .segments
+            .iter()
+            .filter(|(_, s)| s.stale && sets.contains(&s.set))
+            .map(|(&addr, _)| addr)
+            .collect();
+        for addr in stale {
+            self.restore_stale(addr)?;
         }
         let targets = self.saver_segments_of(&sets, false);
         let mut done = Vec::with_capacity(targets.len());
@@ -411,12 +434,34 @@ impl<D: Device> Allocator<D> {
             if self.device.unmap(addr, size).is_ok() {
                 self.give_back_page(page);
             } else {
-                // Still mapped: keep the page there, so the books match the device.
+                // Still mapped: keep the page there, so the books match the device; its bytes
+                // are copied back at the next resume.
                 self.finish_resume(addr, page, &tag);
+                if let Some(seg) = self.saver.segments.get_mut(&addr) {
+                    seg.stale = true;
+                }
             }
             return Err(saver_err(e, &tag, size));
         }
         self.finish_resume(addr, page, &tag);
+        Ok(())
+    }
+
+    /// Copies a stale segment's backup back, and gives the buffer back.
+    fn restore_stale(&mut self, addr: u64) -> Result<(), SaverError<D::Error>> {
+        let seg = &self.saver.segments[&addr];
+        let (size, set) = (seg.size, seg.set);
+        if let Some(backup) = seg.backup.as_ref()
+            && let Err(e) = self.device.copy_to_device(addr, backup, size)
+        {
+            let tag = self.saver_tag(set).tag.clone();
+            return Err(saver_err(e, &tag, size));
+        }
+        let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+        seg.stale = false;
+        if let Some(buffer) = seg.backup.take() {
+            self.give_back_host(buffer);
+        }
         Ok(())
     }
 
@@ -560,6 +605,7 @@ impl<D: Device> Allocator<D> {
                         set: req.set,
                         page: Some(page),
                         backup: None,
+                        stale: false,
                     },
                 );
                 let id = self.add_segment(addr, &req);

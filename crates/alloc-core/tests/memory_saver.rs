@@ -331,3 +331,23 @@ fn releasing_a_saver_segment_gives_back_its_range_page_and_backup() {
     assert_eq!(stat(&a, "reserved_bytes.all.current"), 0);
     check_consistency(&a);
 }
+
+/// A resume whose copy back fails and whose undo (the unmap) fails too leaves the segment
+/// mapped without its bytes; the next resume copies the backup back instead of passing over it.
+#[test]
+fn a_segment_left_mapped_by_a_double_fault_gets_its_bytes_at_the_next_resume() {
+    let (mut a, [w1, ..]) = rollout();
+    a.device_mut().write_bytes(w1, b"w1").unwrap();
+    assert_eq!(a.pause(Some("weights")), Ok(40 * MIB));
+    a.device_mut()
+        .fail_nth(DeviceCall::CopyToDevice, 1, Fault::Error(507_899));
+    a.device_mut()
+        .fail_nth(DeviceCall::Unmap, 1, Fault::Error(507_899));
+    assert!(a.resume(Some("weights")).is_err());
+    check_consistency(&a);
+    assert_ne!(a.device().read_bytes(w1, 2).unwrap(), b"w1");
+    assert!(a.resume(Some("weights")).is_ok());
+    assert_eq!(a.device().read_bytes(w1, 2).unwrap(), b"w1");
+    assert_eq!(a.device().live_host_buffers(), 0);
+    check_consistency(&a);
+}
