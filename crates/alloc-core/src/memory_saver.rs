@@ -671,6 +671,16 @@ impl<D: Device> Allocator<D> {
         !self.saver.segments.is_empty() && self.saver.segments.contains_key(&addr)
     }
 
+    /// Whether `addr` lies in a segment of a paused tag: memory the program must not touch
+    /// until its tag resumes (a segment a double fault left mapped gets its bytes back then).
+    pub fn saver_paused_at(&self, addr: u64) -> bool {
+        self.saver
+            .segments
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, s)| addr - base < s.size && self.set_paused(s.set))
+    }
+
     /// Bytes the memory saver has paused now.
     pub fn paused_bytes(&self) -> u64 {
         self.saver.paused.current as u64

@@ -164,7 +164,8 @@ pub enum OpKind {
         byte: u8,
     },
     /// `expect <id> <byte>`: with checks, the first and last 8 bytes of allocation `id` must
-    /// hold `byte` (as after a `fill`, and a pause and resume with CPU backup).
+    /// hold `byte` (as after a `fill`, and a pause and resume with CPU backup). Skipped when
+    /// no `fill` wrote into this allocation.
     Expect {
         /// The allocation's name.
         id: IdRef,
