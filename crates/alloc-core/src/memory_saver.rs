@@ -427,10 +427,7 @@ impl<D: Device> Allocator<D> {
             self.give_back_page(page);
             return Err(saver_err(e, &tag, size));
         }
-        let seg = &self.saver.segments[&addr];
-        if let Some(backup) = seg.backup.as_ref()
-            && let Err(e) = self.device.copy_to_device(addr, backup, size)
-        {
+        if let Err(e) = self.copy_back(addr) {
             if self.device.unmap(addr, size).is_ok() {
                 self.give_back_page(page);
             } else {
@@ -447,15 +444,20 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
+    /// Copies a mapped segment's backup (if its tag keeps one) back onto the device.
+    fn copy_back(&mut self, addr: u64) -> Result<(), VmmError<D::Error>> {
+        let seg = &self.saver.segments[&addr];
+        match seg.backup.as_ref() {
+            Some(backup) => self.device.copy_to_device(addr, backup, seg.size),
+            None => Ok(()),
+        }
+    }
+
     /// Copies a stale segment's backup back, and gives the buffer back.
     fn restore_stale(&mut self, addr: u64) -> Result<(), SaverError<D::Error>> {
-        let seg = &self.saver.segments[&addr];
-        let (size, set) = (seg.size, seg.set);
-        if let Some(backup) = seg.backup.as_ref()
-            && let Err(e) = self.device.copy_to_device(addr, backup, size)
-        {
-            let tag = self.saver_tag(set).tag.clone();
-            return Err(saver_err(e, &tag, size));
+        if let Err(e) = self.copy_back(addr) {
+            let seg = &self.saver.segments[&addr];
+            return Err(saver_err(e, &self.saver_tag(seg.set).tag, seg.size));
         }
         let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
         seg.stale = false;
