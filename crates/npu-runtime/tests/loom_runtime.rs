@@ -450,3 +450,76 @@ fn pause_races_a_free_of_its_tag_and_a_malloc_in_another_pool() {
         assert_eq!(stats.paused_bytes.current, 0);
     });
 }
+
+#[test]
+fn a_malloc_that_drains_the_host_queue_races_a_malloc_of_the_cached_block() {
+    // torch_npu's task queue (`HostQueue::SyncFirst`): a malloc that must release cached memory
+    // drops the lock, calls the synchronize hook, and takes the lock again. Meanwhile another
+    // thread takes the cached block. 24 MiB: the cached 20 MiB segment and a new 22 MiB one do
+    // not fit together, so whichever runs first, one malloc may run out of memory, never both,
+    // and nothing deadlocks or leaks.
+    loom::model(|| {
+        let rt = runtime(1, 24 * MIB, false);
+        let syncs = Arc::new(AtomicU64::new(0));
+        let hook: npu_runtime::SyncHook = {
+            let syncs = syncs.clone();
+            std::sync::Arc::new(move |device| {
+                assert_eq!(device, 0);
+                syncs.fetch_add(1, Ordering::Relaxed);
+                true
+            })
+        };
+        rt.set_host_queue(npu_runtime::HostQueue::SyncFirst, Some(hook));
+        let p = rt.malloc(12 * MIB, 0, S0).unwrap();
+        rt.free(p).unwrap();
+        let spawn = |bytes: u64| {
+            let rt = rt.clone();
+            thread::spawn(move || match rt.malloc(bytes, 0, S0) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    assert!(e.is_out_of_memory(), "{e}");
+                    None
+                }
+            })
+        };
+        let (large, cached) = (spawn(22 * MIB), spawn(12 * MIB));
+        let (large, cached) = (large.join().unwrap(), cached.join().unwrap());
+        assert!(large.is_some() || cached.is_some());
+        // The large malloc released the cached segment only after a synchronize.
+        if large.is_some() {
+            assert!(syncs.load(Ordering::Relaxed) >= 1);
+        }
+        for p in [large, cached].into_iter().flatten() {
+            rt.free(p).unwrap();
+        }
+        check_settled(&rt);
+    });
+}
+
+#[test]
+fn a_scope_routes_only_the_thread_that_opened_it() {
+    // One thread allocates inside a private pool's scope while another allocates outside any:
+    // the open-scope count is shared, the scopes are not, so the second thread's block comes
+    // from the default pool (another segment), whatever the interleaving.
+    loom::model(|| {
+        let rt = runtime(1, 64 * MIB, false);
+        let pool = rt.create_pool(0).unwrap();
+        let scoped = {
+            let rt = rt.clone();
+            thread::spawn(move || {
+                rt.begin_use_pool(0, pool).unwrap();
+                let p = rt.malloc(1000, 0, S0).unwrap();
+                rt.end_use_pool(0, pool).unwrap();
+                p
+            })
+        };
+        let plain = rt.malloc(1000, 0, S0).unwrap();
+        let scoped = scoped.join().unwrap();
+        // Each is the first block of its own 2 MiB small segment.
+        assert!(scoped.abs_diff(plain) >= 2 * MIB, "{scoped:#x} {plain:#x}");
+        rt.free(plain).unwrap();
+        rt.free(scoped).unwrap();
+        rt.release_pool(0, pool).unwrap();
+        check_settled(&rt);
+    });
+}
