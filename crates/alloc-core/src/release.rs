@@ -7,7 +7,7 @@
 
 use alloc::vec::Vec;
 
-use crate::allocator::{Allocator, Request};
+use crate::allocator::{Allocator, Flavour, Request};
 use crate::block::BlockId;
 use crate::device::{Device, VmmError};
 use crate::history::Action;
@@ -47,12 +47,19 @@ impl<D: Device> Allocator<D> {
         Ok(())
     }
 
-    /// Releases the given whole free segments after one device synchronization.
-    pub(crate) fn release_segments(&mut self, ids: &[BlockId]) -> Result<(), D::Error> {
+    /// Releases the given whole free segments, after one device synchronization unless
+    /// `synchronized` says the caller made it.
+    pub(crate) fn release_segments(
+        &mut self,
+        ids: &[BlockId],
+        synchronized: bool,
+    ) -> Result<(), D::Error> {
         if ids.is_empty() {
             return Ok(());
         }
-        self.device.synchronize()?;
+        if !synchronized {
+            self.device.synchronize()?;
+        }
         for &id in ids {
             self.release_block(id)?;
         }
@@ -70,6 +77,12 @@ impl<D: Device> Allocator<D> {
         let Some(max_split) = self.conf.max_split_size else {
             return Ok(false);
         };
+        // torch_npu synchronizes the device here whether or not a block qualifies (every
+        // release, back to v1.8); CUDA's `cudaFree` synchronizes only when something is freed.
+        let synchronized = self.facts.flavour == Flavour::TorchNpu;
+        if synchronized {
+            self.device.synchronize()?;
+        }
         let key = req.size.max(max_split);
         let pool = &self.pools[(req.set, req.pool)];
         // The smallest whole segment on this stream that covers `key`. Oversize blocks are never
@@ -82,7 +95,7 @@ impl<D: Device> Allocator<D> {
             .map(|(_, id)| id)
             .find(|&id| self.is_whole_segment(id));
         if let Some(id) = covering {
-            self.release_segments(&[id])?;
+            self.release_segments(&[id], synchronized)?;
             return Ok(true);
         }
         // Walk down from the largest block below `key` on this stream.
@@ -98,7 +111,7 @@ impl<D: Device> Allocator<D> {
                 released += size;
             }
         }
-        self.release_segments(&chosen)?;
+        self.release_segments(&chosen, synchronized)?;
         Ok(released >= key)
     }
 

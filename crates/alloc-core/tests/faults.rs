@@ -178,6 +178,29 @@ fn a_synchronize_error_fails_empty_cache_and_releases_nothing() {
 }
 
 #[test]
+fn a_synchronize_error_in_the_oversize_release_fails_the_malloc() {
+    // torch_npu's npuSynchronizeDevice(true) in release_available_cached_blocks throws: the
+    // malloc ends with the device's error before anything is released or retried.
+    let mut a = npu(100 * MIB, &conf("max_split_size_mb:40"));
+    let x = a.malloc(50 * MIB, S0).unwrap();
+    let y = a.malloc(30 * MIB, S0).unwrap();
+    a.free(x).unwrap();
+    a.device_mut()
+        .fail_nth(DeviceCall::Synchronize, 1, Fault::Error(9));
+    assert_eq!(
+        a.malloc(60 * MIB, S0),
+        Err(AllocError::Device(injected(DeviceCall::Synchronize, 9)))
+    );
+    assert_eq!(stat(&a, "num_device_free"), 0);
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    // 52 and 32 MiB segments (the 32-byte pad rounds each up to the next 2 MiB).
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (84 * MIB) as i64);
+    check_consistency(&a);
+    assert_drains(&mut a, &[y]);
+}
+
+#[test]
 fn a_failed_mem_info_leaves_the_free_memory_unknown_in_the_oom() {
     let mut a = cuda(100 * MIB, &AllocConf::default());
     a.device_mut()

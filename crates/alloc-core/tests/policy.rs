@@ -258,6 +258,31 @@ fn miss_path_frees_largest_oversize_blocks_then_everything_and_retries() {
 }
 
 #[test]
+fn torch_npu_synchronizes_for_the_oversize_release_even_with_nothing_to_release() {
+    // torch_npu's release_available_cached_blocks calls npuSynchronizeDevice as soon as
+    // max_split_size is set, before it knows whether a block qualifies; CUDA's synchronizes
+    // only in the cudaFree of a block it releases. Here none qualifies (the only block is live),
+    // so the chain's one other synchronization is release_cached_blocks'.
+    let limit = conf("max_split_size_mb:40");
+    for (mut a, syncs) in [(npu(100 * MIB, &limit), 2), (cuda(100 * MIB, &limit), 1)] {
+        let x = a.malloc(70 * MIB, S0).unwrap();
+        let err = a.malloc(45 * MIB, S0).unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory(_)), "{err:?}");
+        assert_eq!(a.device().synchronize_calls(), syncs);
+        assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+        assert_eq!(stat(&a, "num_alloc_retries"), 1);
+        a.free(x).unwrap();
+        check_consistency(&a);
+    }
+    // Without max_split_size there is no oversize release, and no synchronization for it.
+    let mut a = npu(100 * MIB, &AllocConf::default());
+    let x = a.malloc(70 * MIB, S0).unwrap();
+    a.malloc(45 * MIB, S0).unwrap_err();
+    assert_eq!(a.device().synchronize_calls(), 1);
+    a.free(x).unwrap();
+}
+
+#[test]
 fn out_of_memory_after_the_whole_chain() {
     let mut a = cuda(10 * MIB, &AllocConf::default());
     // 2 MiB needs a new 20 MiB large-pool segment: torch reports the segment size.
