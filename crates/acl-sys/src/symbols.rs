@@ -167,6 +167,7 @@ acl_functions! {
         aclrtUnmapMem(*mut c_void) -> AclCode;
         aclrtMemGetAllocationGranularity(*mut PhysicalMemProp, MemGranularityOptions, *mut usize) -> AclCode;
         aclsysGetCANNVersion(CannPackage, *mut CannPackageVersion) -> AclCode;
+        aclrtGetSocName() -> *const c_char;
     }
     one_of {
         [aclrtCreateEventWithFlag, aclrtCreateEvent]
@@ -518,6 +519,22 @@ impl Lib {
         };
         let text = text.trim();
         (!text.is_empty()).then(|| text.to_owned())
+    }
+
+    /// The chip's name (`aclrtGetSocName`, as `Ascend910B1` or `Ascend950PR_9599`); `None`
+    /// when the library lacks the function or returns null.
+    pub fn soc_name(&self) -> Option<String> {
+        let f = self.functions.aclrtGetSocName?;
+        // SAFETY: `aclrtGetSocName` takes no arguments and returns null or a pointer to a
+        // NUL-terminated string that the library keeps for the process's life; it is copied out.
+        let text = unsafe {
+            let p = f();
+            if p.is_null() {
+                return None;
+            }
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        };
+        Some(text)
     }
 
     /// `aclInit(configPath)`; `None` passes NULL. Repeat initialisation is not an error.
@@ -1025,11 +1042,12 @@ mod tests {
         for s in VMM_SYMBOLS.iter().chain(HOST_COPY_SYMBOLS) {
             assert!(OPTIONAL_SYMBOLS.contains(s), "{s}");
         }
-        assert_eq!(OPTIONAL_SYMBOLS.len(), 24);
+        assert_eq!(OPTIONAL_SYMBOLS.len(), 25);
         assert_eq!(REQUIRED_SYMBOLS.len(), 12);
         assert!(REQUIRED_SYMBOLS.contains(&"aclrtGetMemInfo"));
         assert!(OPTIONAL_SYMBOLS.contains(&"aclrtMallocAlign32"));
         assert!(OPTIONAL_SYMBOLS.contains(&"aclGetRecentErrMsg"));
+        assert!(OPTIONAL_SYMBOLS.contains(&"aclrtGetSocName"));
     }
 
     #[test]

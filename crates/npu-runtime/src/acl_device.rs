@@ -267,9 +267,13 @@ impl AclPlatform {
         })
     }
 
-    /// Bytes added to every request before rounding (torch_npu's pad, 32 on today's parts).
+    /// Bytes added to every request before rounding: torch_npu's pad, 32 except on an Ascend
+    /// 950 part (`aclrtGetSocName`) with CANN 9.1.0 or later (`aclsysGetCANNVersion`), where it
+    /// is 0.
     pub fn pad(&self) -> u64 {
-        32
+        crate::cann_version::pad(self.lib.soc_name().as_deref(), || {
+            self.lib.cann_version(CannPackage::CANN).ok()
+        })
     }
 
     /// Whether `page_size:1g` gets 1 GiB pages here: torch_npu's gate, CANN 8.1.RC1 and driver
@@ -309,11 +313,13 @@ impl AclPlatform {
             ok
         };
         let pages_1g = config.alloc.page_size.is_some() && huge_pages_1g;
+        // Once for the process's chip, as torch_npu's `AddPadSize` keeps its first answer.
+        let pad = self.pad();
         Runtime::new(
             count,
             move |index| {
                 let facts = DeviceFacts {
-                    pad: self.pad(),
+                    pad,
                     huge_pages_1g,
                     ..DeviceFacts::npu(index)
                 };

@@ -1,5 +1,6 @@
-//! Whether `page_size:1g` gets 1 GiB pages: torch_npu's version gate (`IsMallocPage1GMem`),
-//! with its rules for reading CANN and driver version strings (`GetCANNInfo.cpp`).
+//! Whether `page_size:1g` gets 1 GiB pages (torch_npu's `IsMallocPage1GMem`) and whether
+//! requests are padded by 32 bytes (`AddPadSize`): torch_npu's version gates, with its rules for
+//! reading CANN and driver version strings (`GetCANNInfo.cpp`).
 //!
 //! torch_npu backs `page_size:1g` with 1 GiB pages only with CANN 8.1.RC1 or later and a driver
 //! of 25.0.RC1 or later, both as `aclsysGetCANNVersion` reports them; otherwise it warns and runs
@@ -246,6 +247,23 @@ fn compare_versions(current: &str, target: &str) -> Option<bool> {
     )
 }
 
+/// The oldest CANN with which torch_npu drops its 32-byte pad on Ascend 950 parts
+/// (`kMinDel32PaddingSizeCannVersion`).
+pub(crate) const MIN_CANN_VERSION_NO_PAD: &str = "9.1.0";
+
+/// torch_npu's `AddPadSize`: 0 on an Ascend 950 part (a SoC name starting with `Ascend950`,
+/// the one family `GetSocVersion` ranks at or above it) with CANN 9.1.0 or later, else 32.
+/// `None`: not reported (a library without `aclrtGetSocName` or `aclsysGetCANNVersion`).
+pub(crate) fn pad(soc: Option<&str>, cann: impl FnOnce() -> Option<String>) -> u64 {
+    let ascend950 = soc.is_some_and(|s| s.starts_with("Ascend950"));
+    // The CANN version is asked only on such a part, as torch_npu's `&&` does.
+    if ascend950 && is_gte_cann_version(cann().as_deref().unwrap_or(""), MIN_CANN_VERSION_NO_PAD) {
+        0
+    } else {
+        32
+    }
+}
+
 /// torch_npu's `IsGteCANNVersion` for the installed CANN `current`: an unreadable version is
 /// not.
 fn is_gte_cann_version(current: &str, boundary: &str) -> bool {
@@ -264,6 +282,23 @@ fn is_gte_driver_version(cann: &str, driver: &str, boundary: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pad_is_dropped_only_on_ascend_950_with_cann_9_1_or_later() {
+        let v = |v: &'static str| move || Some(v.to_owned());
+        assert_eq!(pad(Some("Ascend950PR_9599"), v("9.1.0")), 0);
+        assert_eq!(pad(Some("Ascend950DT_9591"), v("9.2.0")), 0);
+        assert_eq!(pad(Some("Ascend950PR_9599"), v("9.0.0")), 32);
+        assert_eq!(pad(Some("Ascend950PR_9599"), v("8.5.0")), 32);
+        assert_eq!(pad(Some("Ascend950PR_9599"), || None), 32);
+        assert_eq!(pad(Some("Ascend910B1"), v("9.1.0")), 32);
+        assert_eq!(pad(Some("Ascend910_9391"), v("9.1.0")), 32);
+        // torch_npu's prefix test is case-sensitive.
+        assert_eq!(pad(Some("ascend950PR_9599"), v("9.1.0")), 32);
+        assert_eq!(pad(None, v("9.1.0")), 32);
+        // The version is not asked on other parts.
+        assert_eq!(pad(Some("Ascend910B1"), || unreachable!()), 32);
+    }
 
     #[test]
     fn cann_versions_before_8_5_read_as_torch_npu_reads_them() {

@@ -786,6 +786,65 @@ fn a_size_past_every_limit_is_out_of_memory_in_the_fake_not_an_abort() {
     assert_eq!(fake.used(0), 0);
 }
 
+/// torch_npu's `AddPadSize`: no 32-byte pad on an Ascend 950 part (`aclrtGetSocName`) with
+/// CANN 9.1.0 or later (`aclsysGetCANNVersion`); 32 everywhere else.
+#[test]
+fn the_pad_follows_torch_npus_chip_and_version_gate() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    // (allocated bytes, reserved bytes) of one 1 MiB request, and the uncached device malloc
+    // of 1000 bytes.
+    let sizes = |fake: &FakeAcl| {
+        let (_platform, rt) = platform_and_runtime(fake, Config::default());
+        let p = rt.malloc(MIB, 0, Stream::DEFAULT).unwrap();
+        let cached = (
+            stat(&rt, "allocated_bytes.all.current"),
+            stat(&rt, "reserved_bytes.all.current"),
+        );
+        rt.free(p).unwrap();
+        rt.empty_cache().unwrap();
+        let config = Config {
+            caching: false,
+            ..Config::default()
+        };
+        let (_platform, rt) = platform_and_runtime(fake, config);
+        fake.clear_log();
+        let p = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+        // `aclrtMallocAlign32(size=N, ...)`, or `aclrtMalloc` in a CANN older than 8.1.
+        let call = fake.call_details().pop().unwrap();
+        let uncached: u64 = call
+            .split_once("size=")
+            .and_then(|(_, rest)| rest.split_once(','))
+            .and_then(|(size, _)| size.parse().ok())
+            .unwrap_or_else(|| panic!("{call}"));
+        rt.free(p).unwrap();
+        (cached, uncached)
+    };
+    let padded = (((MIB + 512) as i64, (20 * MIB) as i64), 1032);
+    // Today's parts (the fake reports an Ascend910B1 and CANN 8.5.0): 1 MiB + 32 bytes rounds
+    // to 1 MiB + 512, a large-pool request in a 20 MiB segment; uncached, 1000 + 32 bytes.
+    assert_eq!(sizes(&fake), padded);
+    // An Ascend 950 part with CANN 9.1.0: exactly 1 MiB, a small-pool request in a 2 MiB
+    // segment; uncached, 1000 bytes asked for, not 1032.
+    fake.set_soc_name(Some("Ascend950PR_9599"));
+    fake.set_versions(Some("9.1.0"), Some("25.5.0"));
+    assert_eq!(sizes(&fake), ((MIB as i64, (2 * MIB) as i64), 1000));
+    for (soc, cann) in [
+        (Some("Ascend950PR_9599"), Some("9.0.0")),
+        (Some("Ascend950PR_9599"), None),
+        (Some("Ascend910B1"), Some("9.1.0")),
+        (Some("Ascend910_9391"), Some("9.1.0")),
+        (None, Some("9.1.0")),
+    ] {
+        fake.set_soc_name(soc);
+        fake.set_versions(cann, Some("25.5.0"));
+        assert_eq!(sizes(&fake), padded, "{soc:?} {cann:?}");
+    }
+    // A CANN without aclsysGetCANNVersion (older than 8.1) pads.
+    let legacy = FakeAcl::new(Variant::Legacy, 1 << 30, 1);
+    legacy.set_soc_name(Some("Ascend950PR_9599"));
+    assert_eq!(sizes(&legacy), padded);
+}
+
 /// torch_npu's gate for `page_size:1g` (`IsMallocPage1GMem`): 1 GiB pages only with CANN
 /// 8.1.RC1 and driver 25.0.RC1 or later, as `aclsysGetCANNVersion` reports them; otherwise the
 /// setting is ignored (with a warning) and segments are sized as without it.

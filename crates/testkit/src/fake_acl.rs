@@ -191,6 +191,17 @@ impl FakeAcl {
         }
     }
 
+    /// Makes `aclrtGetSocName` return `name` (`None`: null) until the next reset.
+    pub fn set_soc_name(&self, name: Option<&str>) {
+        let name = name.map(|v| std::ffi::CString::new(v).expect("no NUL"));
+        let ptr = name.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: the fake's `void f(const char *)` control; the string is NUL-terminated and
+        // outlives the call (the fake copies it).
+        unsafe {
+            self.sym::<unsafe extern "C" fn(*const std::ffi::c_char)>("fake_acl_set_soc_name")(ptr)
+        }
+    }
+
     /// Drops every injected failure still waiting for its call.
     pub fn clear_failures(&self) {
         self.unit("fake_acl_clear_failures");

@@ -273,6 +273,9 @@ struct State {
     reported_devices: Option<u32>,
     /// What `aclsysGetCANNVersion` reports for CANN and for the driver (`None`: 207000).
     versions: [Option<String>; 2],
+    /// What `aclrtGetSocName` returns (`None`: null). Leaked, so that a pointer handed out
+    /// stays valid as the real library's does.
+    soc_name: Option<&'static CStr>,
     /// Live `aclrtMallocHost` memory: address → size. A reset forgets it without freeing it,
     /// so host memory a test still holds stays valid.
     host: BTreeMap<u64, u64>,
@@ -300,6 +303,7 @@ impl State {
                 Some(DEFAULT_CANN_VERSION.to_owned()),
                 Some(DEFAULT_DRIVER_VERSION.to_owned()),
             ],
+            soc_name: Some(DEFAULT_SOC_NAME),
             host: BTreeMap::new(),
         }
     }
@@ -1257,6 +1261,21 @@ pub unsafe extern "C" fn aclrtMemcpy(
     })
 }
 
+/// The chip `aclrtGetSocName` names until a test sets another: one that torch_npu pads for.
+const DEFAULT_SOC_NAME: &CStr = c"Ascend910B1";
+
+/// `aclrtGetSocName()`: the chip's name ([`fake_acl_set_soc_name`]; `Ascend910B1` after a
+/// reset), or null where a test set none.
+#[unsafe(no_mangle)]
+pub extern "C" fn aclrtGetSocName() -> *const c_char {
+    let mut s = state();
+    // Counted and logged; an injected failure makes it return null.
+    if s.enter("aclrtGetSocName", None).is_some() {
+        return std::ptr::null();
+    }
+    s.soc_name.map_or(std::ptr::null(), CStr::as_ptr)
+}
+
 /// `aclGetRecentErrMsg()`: the calling thread's last error text, or null.
 #[unsafe(no_mangle)]
 pub extern "C" fn aclGetRecentErrMsg() -> *const c_char {
@@ -1594,6 +1613,24 @@ pub unsafe extern "C" fn fake_acl_set_versions(cann: *const c_char, driver: *con
     let read = |p| unsafe { name_arg(p) }.filter(|v| v.len() < 128);
     let versions = [read(cann), read(driver)];
     state().versions = versions;
+}
+
+/// Sets what `aclrtGetSocName` returns until the next reset; null makes it return null.
+///
+/// # Safety
+/// `name` must be null or a NUL-terminated string.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fake_acl_set_soc_name(name: *const c_char) {
+    // SAFETY: forwarded from the caller.
+    let name = unsafe { name_arg(name) };
+    let leaked = name.map(|n| {
+        &*Box::leak(
+            CString::new(n)
+                .expect("read up to its NUL")
+                .into_boxed_c_str(),
+        )
+    });
+    state().soc_name = leaked;
 }
 
 /// How many times the ACL function `name` was called since the last reset (0 for null).
