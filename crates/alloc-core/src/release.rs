@@ -88,11 +88,12 @@ impl<D: Device> Allocator<D> {
         // The smallest whole segment on this stream that covers `key`. Oversize blocks are never
         // split by the default rules, but with `page_size:1g` a split remainder can be ≥
         // max_split; freeing it would free part of a segment, so such blocks are passed over.
-        // Blocks of expandable segments are passed over, as in CUDA (torch_npu would reach an
-        // internal assert; docs/deviations.md).
+        // A block of an expandable segment ends the search, as in PyTorch (which then walks
+        // down; torch_npu would reach an internal assert; docs/deviations.md).
         let covering = pool
             .at_least(req.stream, key)
             .map(|(_, id)| id)
+            .take_while(|&id| !self.blocks[id].is_expandable())
             .find(|&id| self.is_whole_segment(id));
         if let Some(id) = covering {
             self.release_segments(&[id], synchronized)?;

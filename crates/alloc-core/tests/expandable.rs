@@ -725,3 +725,29 @@ fn a_map_that_fails_with_kept_pages_frees_what_it_took() {
     assert_eq!(device(&a), (0, 0, vec![]));
     check_consistency(&a);
 }
+
+#[test]
+fn an_expandable_block_ends_the_oversize_releases_search_as_in_pytorch() {
+    // PyTorch's release_available_cached_blocks (#134338): when the first free block at or above
+    // the request is expandable, it walks down instead of looking further up for a plain
+    // segment (torch_npu would reach an internal assert). 150 MiB, no pad: `e` leaves three
+    // mapped 20 MiB pages, the switch turns expandable segments off, `p` leaves a 70 MiB
+    // segment, and 46 MiB (45, rounded) fits nowhere: the cached 70 MiB is too large under
+    // max_non_split_rounding, the device has 20 MiB. The oversize release finds `e`'s 60 MiB
+    // block first and walks down (nothing below 46 MiB), so the last attempt releases both and
+    // the retry gets its own 46 MiB segment.
+    let mut a = expandable(150 * MIB, "");
+    let e = a.malloc(50 * MIB, S0).unwrap();
+    a.free(e).unwrap();
+    a.set_conf(&conf("expandable_segments:False,max_split_size_mb:40"));
+    let p = a.malloc(70 * MIB, S0).unwrap();
+    a.free(p).unwrap();
+    let q = a.malloc(45 * MIB, S0).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (46 * MIB) as i64);
+    assert_eq!(stat(&a, "num_device_free"), 2);
+    assert_eq!(stat(&a, "num_alloc_retries"), 1);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 1);
+    assert_eq!(device(&a).1, 0, "no page stays mapped");
+    a.free(q).unwrap();
+    check_consistency(&a);
+}
