@@ -175,6 +175,20 @@ acl_functions! {
     }
 }
 
+/// Calls a no-argument ACL query that returns a C string and copies the text out (lossily);
+/// `None` for null.
+///
+/// # Safety
+/// `f` must take no arguments and return null or a pointer to a NUL-terminated string that
+/// stays valid until this function has copied it.
+unsafe fn query_text(f: unsafe extern "C" fn() -> *const c_char) -> Option<String> {
+    // SAFETY: per this function's contract.
+    unsafe {
+        let p = f();
+        (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
+    }
+}
+
 /// The most devices a library may report: far above any machine's NPU count (torch_npu is built
 /// for 16), far below a garbage count.
 pub const MAX_DEVICES: u32 = 1024;
@@ -506,17 +520,10 @@ impl Lib {
     /// The calling thread's most recent ACL error text (`aclGetRecentErrMsg`), if the library
     /// exports it and there is one.
     pub fn recent_err_msg(&self) -> Option<String> {
-        let f = self.functions.aclGetRecentErrMsg?;
         // SAFETY: `aclGetRecentErrMsg` takes no arguments and returns null or a pointer to a
         // NUL-terminated thread-local string, which is copied out before any other ACL call on
         // this thread could overwrite it.
-        let text = unsafe {
-            let p = f();
-            if p.is_null() {
-                return None;
-            }
-            CStr::from_ptr(p).to_string_lossy().into_owned()
-        };
+        let text = unsafe { query_text(self.functions.aclGetRecentErrMsg?) }?;
         let text = text.trim();
         (!text.is_empty()).then(|| text.to_owned())
     }
@@ -524,17 +531,9 @@ impl Lib {
     /// The chip's name (`aclrtGetSocName`, as `Ascend910B1` or `Ascend950PR_9599`); `None`
     /// when the library lacks the function or returns null.
     pub fn soc_name(&self) -> Option<String> {
-        let f = self.functions.aclrtGetSocName?;
         // SAFETY: `aclrtGetSocName` takes no arguments and returns null or a pointer to a
-        // NUL-terminated string that the library keeps for the process's life; it is copied out.
-        let text = unsafe {
-            let p = f();
-            if p.is_null() {
-                return None;
-            }
-            CStr::from_ptr(p).to_string_lossy().into_owned()
-        };
-        Some(text)
+        // NUL-terminated string that the library keeps for the process's life.
+        unsafe { query_text(self.functions.aclrtGetSocName?) }
     }
 
     /// `aclInit(configPath)`; `None` passes NULL. Repeat initialisation is not an error.

@@ -178,27 +178,24 @@ impl FakeAcl {
     /// Makes `aclsysGetCANNVersion` report these CANN and driver versions (`None`: the query
     /// fails with 207000) until the next reset.
     pub fn set_versions(&self, cann: Option<&str>, driver: Option<&str>) {
-        let c = |v: Option<&str>| v.map(|v| std::ffi::CString::new(v).expect("no NUL"));
-        let (cann, driver) = (c(cann), c(driver));
-        let ptr =
-            |v: &Option<std::ffi::CString>| v.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        let (cann, driver) = (OptionalCStr::new(cann), OptionalCStr::new(driver));
         // SAFETY: the fake's `void f(const char *, const char *)` control; both strings are
-        // NUL-terminated and outlive the call.
+        // NUL-terminated (or null) and outlive the call.
         unsafe {
-            self.sym::<unsafe extern "C" fn(*const std::ffi::c_char, *const std::ffi::c_char)>(
-                "fake_acl_set_versions",
-            )(ptr(&cann), ptr(&driver))
+            self.sym::<unsafe extern "C" fn(*const c_char, *const c_char)>("fake_acl_set_versions")(
+                cann.as_ptr(),
+                driver.as_ptr(),
+            )
         }
     }
 
     /// Makes `aclrtGetSocName` return `name` (`None`: null) until the next reset.
     pub fn set_soc_name(&self, name: Option<&str>) {
-        let name = name.map(|v| std::ffi::CString::new(v).expect("no NUL"));
-        let ptr = name.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
-        // SAFETY: the fake's `void f(const char *)` control; the string is NUL-terminated and
-        // outlives the call (the fake copies it).
+        let name = OptionalCStr::new(name);
+        // SAFETY: the fake's `void f(const char *)` control; the string is NUL-terminated (or
+        // null) and outlives the call (the fake copies it).
         unsafe {
-            self.sym::<unsafe extern "C" fn(*const std::ffi::c_char)>("fake_acl_set_soc_name")(ptr)
+            self.sym::<unsafe extern "C" fn(*const c_char)>("fake_acl_set_soc_name")(name.as_ptr())
         }
     }
 
@@ -344,5 +341,19 @@ impl Drop for FakeAcl {
     fn drop(&mut self) {
         // The mapping outlives the file; only the copy on disk goes.
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A string argument of the fake's controls that may be null.
+struct OptionalCStr(Option<CString>);
+
+impl OptionalCStr {
+    fn new(text: Option<&str>) -> OptionalCStr {
+        OptionalCStr(text.map(|t| CString::new(t).expect("no NUL")))
+    }
+
+    /// The pointer to pass: null for `None`, valid while `self` lives.
+    fn as_ptr(&self) -> *const c_char {
+        self.0.as_ref().map_or(std::ptr::null(), |c| c.as_ptr())
     }
 }
