@@ -522,3 +522,18 @@ impl<D: Device> Allocator<D> {
         size >= self.oversize_from
     }
 }
+
+/// Events still pending when the allocator goes (its owner's last `empty_cache` could not
+/// synchronize the device) go back to the device, which owns their release: dropped as values,
+/// a backend's events (ACL's `aclrtEvent`) would leak. Their blocks stay as they are; the
+/// segments go with whatever the owner does with the device.
+impl<D: Device> Drop for Allocator<D> {
+    fn drop(&mut self) {
+        if self.events.pending() == 0 {
+            return;
+        }
+        for (event, _) in self.events.take_all() {
+            self.device.release_event(event);
+        }
+    }
+}

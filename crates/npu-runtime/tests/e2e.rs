@@ -325,6 +325,28 @@ fn a_failed_event_record_synchronizes_and_destroys_the_event() {
     assert_eq!(fake.live_events(), 0);
 }
 
+/// A runtime dropped while a free still waits on its event, with the device's synchronize
+/// failing: the drop's `empty_cache` cannot complete the event, and the event is destroyed all
+/// the same rather than dropped as a handle (an `aclrtEvent` leaked for the process's life).
+#[test]
+fn a_runtime_dropped_after_a_failed_synchronize_destroys_its_pending_events() {
+    let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
+    let (platform, rt) = platform_and_runtime(&fake, Config::default());
+    let lib = platform.lib();
+    lib.set_device(0).unwrap();
+    let side = Stream::from(lib.create_stream().unwrap());
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.record_stream(a, side).unwrap();
+    rt.free(a).unwrap();
+    assert_eq!(fake.pending_events(), 1);
+    assert_eq!(fake.live_events(), 1);
+    fake.fail_next("aclrtSynchronizeDevice", 507_899, 1);
+    let destroyed = fake.calls("aclrtDestroyEvent");
+    drop((platform, rt));
+    assert_eq!(fake.calls("aclrtDestroyEvent"), destroyed + 1);
+    assert_eq!(fake.live_events(), 0);
+}
+
 #[test]
 fn missing_optional_symbols_fall_back() {
     let fake = FakeAcl::new(Variant::Legacy, 1 << 30, 1);
