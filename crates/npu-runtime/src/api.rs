@@ -126,8 +126,9 @@ pub struct Runtime<D: Device> {
     /// Tells this runtime's scopes apart in the thread-local scope stack (`scope`).
     pub(crate) id: u64,
     /// Scopes of this runtime open on any thread: while there are none, a malloc skips the
-    /// thread-local lookup.
-    pub(crate) open_scopes: AtomicU64,
+    /// thread-local lookup. Shared with each thread's scope stack, which takes its scopes out
+    /// when its thread ends.
+    pub(crate) open_scopes: Arc<AtomicU64>,
     /// The next private pool number, for every device: a pool id names one pool in the process,
     /// as torch's `MemPool` ids do.
     // std's, not the loom shim's: the allocators share it as plain data (a relaxed counter).
@@ -158,7 +159,7 @@ where
             history: Mutex::new(None),
             host: Mutex::new((alloc_core::HostQueue::None, Default::default())),
             id: crate::scope::next_runtime_id(),
-            open_scopes: AtomicU64::new(0),
+            open_scopes: Arc::new(AtomicU64::new(0)),
             pool_ids: std::sync::Arc::new(core::sync::atomic::AtomicU64::new(1)),
         }
     }

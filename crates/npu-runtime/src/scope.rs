@@ -17,7 +17,7 @@ use crate::device_allocator::DeviceAllocator;
 use crate::error::RuntimeError;
 use crate::sync::global;
 use crate::sync::thread_local;
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::warn_once::warn_once;
 
 /// One open scope of this thread.
@@ -29,11 +29,27 @@ struct Scope {
     region: bool,
 }
 
+/// This thread's open scopes, each with its runtime's count of open scopes.
+#[derive(Default)]
+struct OpenScopes(Vec<(Scope, Arc<AtomicU64>)>);
+
+/// A thread that ends with scopes open (begun through the C ABI and never ended) takes them
+/// out of their runtimes' counts: no malloc can be routed by them any more, and a count left
+/// above 0 would send every later malloc of the process to the thread-local lookup. The pools'
+/// holds stay, as torch's `captures_underway` entry of such a thread stays.
+impl Drop for OpenScopes {
+    fn drop(&mut self) {
+        for (_, open) in self.0.drain(..) {
+            open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 thread_local! {
     // Not `const { .. }`: loom's thread_local, which stands in for std's in the models, has no
     // const form.
     #[allow(clippy::missing_const_for_thread_local)]
-    static SCOPES: RefCell<Vec<Scope>> = RefCell::new(Vec::new());
+    static SCOPES: RefCell<OpenScopes> = RefCell::new(OpenScopes::default());
 }
 
 /// A new runtime's id, for telling its scopes apart.
@@ -98,16 +114,19 @@ where
         if self.open_scopes.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        SCOPES.with(|s| {
-            let s = s.borrow();
-            if s.is_empty() {
-                return None;
-            }
-            s.iter()
-                .rev()
-                .find(|x| x.runtime == self.id && x.device == device)
-                .map(|x| x.pool)
-        })
+        // `try_with`: a malloc from another thread-local's destructor, after this one's, routes
+        // nowhere rather than panicking.
+        SCOPES
+            .try_with(|s| {
+                s.borrow()
+                    .0
+                    .iter()
+                    .rev()
+                    .find(|(x, _)| x.runtime == self.id && x.device == device)
+                    .map(|(x, _)| x.pool)
+            })
+            .ok()
+            .flatten()
     }
 
     /// `device`'s caching allocator; without caching (PYTORCH_NO_NPU_MEMORY_CACHING) there are
@@ -347,8 +366,8 @@ where
 }
 
 /// Opens a scope on this thread, counted in its runtime's `open`.
-fn push(open: &AtomicU64, scope: Scope) {
-    SCOPES.with(|s| s.borrow_mut().push(scope));
+fn push(open: &Arc<AtomicU64>, scope: Scope) {
+    SCOPES.with(|s| s.borrow_mut().0.push((scope, open.clone())));
     open.fetch_add(1, Ordering::Relaxed);
 }
 
@@ -363,8 +382,8 @@ fn take(open: &AtomicU64, is: impl Fn(&Scope) -> bool) -> Option<Scope> {
     let scope = SCOPES
         .try_with(|s| {
             let mut s = s.borrow_mut();
-            let i = s.iter().rposition(is)?;
-            Some(s.remove(i))
+            let i = s.0.iter().rposition(|(x, _)| is(x))?;
+            Some(s.0.remove(i).0)
         })
         .ok()
         .flatten();
@@ -413,5 +432,58 @@ impl<D: Device> Drop for ScopeGuard<'_, D> {
                 log_drop_error("end of scope", &e);
             }
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use alloc_core::{DeviceFacts, PoolError};
+    use alloc_sim::{SimDevice, SimStream, TestDevice};
+
+    use crate::sync::Ordering;
+    use crate::{Config, Runtime, RuntimeError};
+
+    /// A pool scope begun on a thread that ends without ending it: the thread's scopes leave
+    /// the runtime's count (which every malloc reads before the thread-local lookup), while the
+    /// pool keeps the hold, as torch's capture entry of such a thread stays.
+    #[test]
+    fn a_thread_that_ends_with_a_scope_open_leaves_the_count() {
+        let rt: Runtime<TestDevice> = Runtime::new(
+            1,
+            |i| {
+                Ok((
+                    TestDevice::new(SimDevice::new(1 << 30)),
+                    DeviceFacts::npu(i),
+                ))
+            },
+            Config::default(),
+        );
+        let pool = rt.create_pool(0).unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                rt.begin_use_pool(0, pool).unwrap();
+                rt.begin_region(0, "kv", false).unwrap();
+                assert_eq!(rt.open_scopes.load(Ordering::Relaxed), 2);
+            });
+        });
+        assert_eq!(rt.open_scopes.load(Ordering::Relaxed), 0);
+        assert_eq!(rt.pool_use_count(0, pool).unwrap(), 2);
+        // Still entered, as torch's `beginAllocateToPool` finds it ("already recording").
+        assert!(matches!(
+            rt.begin_use_pool(0, pool),
+            Err(RuntimeError::Pool(PoolError::AlreadyEntered(_)))
+        ));
+        // This thread's allocations go to the default pool, and its own scopes still count.
+        let p = rt.malloc(1000, 0, SimStream(0)).unwrap();
+        let other = rt.create_pool(0).unwrap();
+        rt.begin_use_pool(0, other).unwrap();
+        assert_eq!(rt.open_scopes.load(Ordering::Relaxed), 1);
+        let q = rt.malloc(1000, 0, SimStream(0)).unwrap();
+        // Not the rest of `p`'s segment (the default pool's next block): the private pool's own.
+        assert_ne!(q, p + 1536);
+        rt.end_use_pool(0, other).unwrap();
+        assert_eq!(rt.open_scopes.load(Ordering::Relaxed), 0);
+        rt.free(p).unwrap();
+        rt.free(q).unwrap();
     }
 }
