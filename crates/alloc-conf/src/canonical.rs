@@ -64,6 +64,8 @@ impl fmt::Display for AllocConf {
         }
         let flags = [
             ("release_lock_on_npumalloc", self.release_lock_on_npumalloc),
+            ("multi_stream_lazy_reclaim", self.multi_stream_lazy_reclaim),
+            ("throw_on_npumalloc_oom", self.throw_on_npumalloc_oom),
             (
                 "pinned_use_background_threads",
                 self.pinned_use_background_threads,

@@ -41,6 +41,13 @@ pub struct AllocConf {
     pub per_process_memory_fraction: f64,
     /// Release the allocator lock around the device malloc.
     pub release_lock_on_npumalloc: bool,
+    /// torch_npu's lazy reclaim: a malloc polls the pending events of cross-stream frees only
+    /// when more than 512 are pending, or after its pool had no block for it.
+    pub multi_stream_lazy_reclaim: bool,
+    /// torch_npu's pre-emptive rejection: a device segment that would take the allocator's
+    /// segments past `per_process_memory_fraction` of the device's total is refused, counted in
+    /// `num_oom_rejections`, and the malloc fails at once, with no retry.
+    pub throw_on_npumalloc_oom: bool,
     /// Host allocator: process events on background threads.
     pub pinned_use_background_threads: bool,
     /// Host allocator: expandable segments for pinned memory.
@@ -77,6 +84,8 @@ impl Default for AllocConf {
             roundup_power2_divisions: [0; ROUNDUP_BUCKETS],
             per_process_memory_fraction: 1.0,
             release_lock_on_npumalloc: false,
+            multi_stream_lazy_reclaim: false,
+            throw_on_npumalloc_oom: false,
             pinned_use_background_threads: false,
             pin_memory_expandable_segments: false,
             pinned_mem_register: false,

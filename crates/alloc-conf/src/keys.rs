@@ -26,6 +26,12 @@ pub enum Key {
     PerProcessMemoryFraction,
     /// `release_lock_on_npumalloc` (alias `release_lock_on_cudamalloc`).
     ReleaseLockOnNpumalloc,
+    /// `multi_stream_lazy_reclaim`: a malloc polls the events of cross-stream frees only when
+    /// more than 512 are pending or its pool has no block for it.
+    MultiStreamLazyReclaim,
+    /// `throw_on_npumalloc_oom`: a segment that would take the device's bytes past the
+    /// configured fraction of its total is refused at once, with no retry.
+    ThrowOnNpumallocOom,
     /// `pinned_use_background_threads` (host allocator).
     PinnedUseBackgroundThreads,
     /// `pin_memory_expandable_segments` (host allocator).
@@ -39,7 +45,7 @@ pub enum Key {
 }
 
 /// Number of supported keys.
-pub(crate) const KEY_COUNT: usize = 16;
+pub(crate) const KEY_COUNT: usize = 18;
 
 impl Key {
     /// Every supported key, in the order of docs/alloc-conf.md's table (and of the canonical string).
@@ -55,6 +61,8 @@ impl Key {
         Key::RoundupPower2Divisions,
         Key::PerProcessMemoryFraction,
         Key::ReleaseLockOnNpumalloc,
+        Key::MultiStreamLazyReclaim,
+        Key::ThrowOnNpumallocOom,
         Key::PinnedUseBackgroundThreads,
         Key::PinMemoryExpandableSegments,
         Key::PinnedMemRegister,
@@ -76,6 +84,8 @@ impl Key {
             Key::RoundupPower2Divisions => "roundup_power2_divisions",
             Key::PerProcessMemoryFraction => "per_process_memory_fraction",
             Key::ReleaseLockOnNpumalloc => "release_lock_on_npumalloc",
+            Key::MultiStreamLazyReclaim => "multi_stream_lazy_reclaim",
+            Key::ThrowOnNpumallocOom => "throw_on_npumalloc_oom",
             Key::PinnedUseBackgroundThreads => "pinned_use_background_threads",
             Key::PinMemoryExpandableSegments => "pin_memory_expandable_segments",
             Key::PinnedMemRegister => "pinned_mem_register",
@@ -99,7 +109,7 @@ impl Key {
 }
 
 /// Keys torch or torch_npu know that have no meaning here yet: an `unsupported_key` warning.
-pub const UNSUPPORTED_KEYS: [&str; 9] = [
+pub const UNSUPPORTED_KEYS: [&str; 7] = [
     "graph_capture_record_stream_reuse",
     "pinned_use_cuda_host_register",
     "pinned_use_hip_host_register",
@@ -107,8 +117,6 @@ pub const UNSUPPORTED_KEYS: [&str; 9] = [
     "pinned_max_round_threshold_mb",
     "pinned_max_cached_size_mb",
     "pinned_reserve_segment_size_mb",
-    "multi_stream_lazy_reclaim",
-    "throw_on_npumalloc_oom",
 ];
 
 #[cfg(test)]

@@ -63,11 +63,12 @@ pub fn parse(s: &str) -> Parsed {
 
 /// The keys torch_npu's `_set_allocator_settings` accepts once the allocator runs (the others
 /// it refuses: pool geometry and host-allocator settings are fixed at start).
-pub const RUN_TIME_KEYS: [Key; 5] = [
+pub const RUN_TIME_KEYS: [Key; 6] = [
     Key::ExpandableSegments,
     Key::MaxSplitSizeMb,
     Key::MaxNonSplitRoundingMb,
     Key::ReleaseLockOnNpumalloc,
+    Key::ThrowOnNpumallocOom,
     Key::PerProcessMemoryFraction,
 ];
 
@@ -296,6 +297,8 @@ impl State {
                 c.per_process_memory_fraction = v;
             }
             Key::ReleaseLockOnNpumalloc => c.release_lock_on_npumalloc = boolean(name, value)?,
+            Key::MultiStreamLazyReclaim => c.multi_stream_lazy_reclaim = boolean(name, value)?,
+            Key::ThrowOnNpumallocOom => c.throw_on_npumalloc_oom = boolean(name, value)?,
             Key::PinnedUseBackgroundThreads => {
                 c.pinned_use_background_threads = boolean(name, value)?;
             }

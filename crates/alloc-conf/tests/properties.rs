@@ -73,7 +73,7 @@ fn valid_conf() -> impl Strategy<Value = AllocConf> {
         any::<bool>(),
         prop::array::uniform16(pow2_or_zero),
         unit_closed,
-        prop::array::uniform4(any::<bool>()),
+        prop::array::uniform6(any::<bool>()),
         0u32..=7,
     )
         .prop_map(
@@ -100,6 +100,8 @@ fn valid_conf() -> impl Strategy<Value = AllocConf> {
                     roundup_power2_divisions: roundup,
                     per_process_memory_fraction: fraction,
                     release_lock_on_npumalloc: flags[0],
+                    multi_stream_lazy_reclaim: flags[4],
+                    throw_on_npumalloc_oom: flags[5],
                     pinned_use_background_threads: flags[1],
                     pin_memory_expandable_segments: flags[2],
                     pinned_mem_register: flags[3] && !flags[2],

@@ -110,11 +110,14 @@ pub enum Notice {
     /// `page_size:1g` was asked for but the device cannot give 1 GiB pages (torch_npu's gate:
     /// CANN 8.1.RC1 and driver 25.0.RC1 or later): it runs as if unset, as torch_npu does.
     PageSize1gUnsupported,
+    /// `throw_on_npumalloc_oom:True` refused a segment for the first time (torch_npu's
+    /// warn-once; the error of each refused malloc has the numbers).
+    OomRejection,
 }
 
 impl Notice {
     /// How many kinds of notice there are.
-    pub const KINDS: usize = 5;
+    pub const KINDS: usize = 6;
 }
 
 impl core::fmt::Display for Notice {
@@ -134,6 +137,9 @@ impl core::fmt::Display for Notice {
             }
             Notice::PageSize1gUnsupported => {
                 "The application for 1G large-page physical memory failed: page_size:1g is ignored (segments and expandable pages are sized as without it), because 1G large pages need CANN 8.1.RC1 and a driver (HDK) of 25.0.RC1 or later, and the versions found are older or could not be read. Please upgrade the CANN and driver packages."
+            }
+            Notice::OomRejection => {
+                "Preemptively rejecting an allocation: total_allocated_memory + requested size would exceed the memory limit (per_process_memory_fraction of the device's total). Set throw_on_npumalloc_oom:False to disable this behavior."
             }
         })
     }
@@ -157,6 +163,10 @@ pub(crate) struct Request<S> {
     pub(crate) pool: PoolKind,
     /// The pool set it is served from (0: the default pools).
     pub(crate) set: PoolSet,
+    /// With `multi_stream_lazy_reclaim`: whether this malloc already polled the events at its
+    /// start (more than 512 were pending), so a miss does not poll them again (torch_npu's
+    /// `reaped`).
+    pub(crate) reaped: bool,
     /// The segment size to ask the device for on a miss (torch's `alloc_size`): 0 until
     /// `miss` computes it, under the same lock as the rounding.
     pub(crate) alloc_size: u64,
@@ -406,7 +416,8 @@ impl<D: Device> Allocator<D> {
     }
 
     /// `set_per_process_memory_fraction`: limits the bytes of all segments to `fraction` of the
-    /// device's total memory. Checked only when a new segment is needed.
+    /// device's total memory. Checked only when a new segment is needed. The configuration's
+    /// `per_process_memory_fraction` does not change.
     pub fn set_memory_fraction(&mut self, fraction: f64) -> Result<(), FractionError> {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(FractionError::OutOfRange(fraction));
@@ -414,8 +425,9 @@ impl<D: Device> Allocator<D> {
         if fraction < 1.0 && self.refresh_total_memory().is_none() {
             return Err(FractionError::TotalUnknown);
         }
+        // The configuration's `per_process_memory_fraction` stays, as torch_npu's
+        // `setMemoryFraction` leaves `NPUAllocatorConfig`'s: `throw_on_npumalloc_oom` reads it.
         self.fraction = fraction;
-        self.conf.per_process_memory_fraction = fraction;
         self.apply_limits();
         Ok(())
     }

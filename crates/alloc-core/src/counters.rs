@@ -431,6 +431,7 @@ pub(crate) struct Counters {
     pub(crate) num_sync_all_streams: u64,
     pub(crate) num_device_alloc: u64,
     pub(crate) num_device_free: u64,
+    pub(crate) num_oom_rejections: u64,
     pub(crate) max_split_size: Option<u64>,
 }
 
@@ -498,6 +499,7 @@ impl Counters {
         self.num_sync_all_streams = 0;
         self.num_device_alloc = 0;
         self.num_device_free = 0;
+        self.num_oom_rejections = 0;
     }
 
     /// torch's `DeviceStats`.
@@ -519,7 +521,7 @@ impl Counters {
             num_sync_all_streams: self.num_sync_all_streams,
             num_device_alloc: self.num_device_alloc,
             num_device_free: self.num_device_free,
-            num_oom_rejections: 0,
+            num_oom_rejections: self.num_oom_rejections,
             max_split_size: self.max_split_size,
         }
     }

@@ -85,6 +85,35 @@ impl fmt::Display for OutOfMemory {
     }
 }
 
+/// A segment refused by `throw_on_npumalloc_oom` before the device was asked (torch_npu's
+/// `OomRejectionInfo`): the malloc failed at once, with no retry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Device index.
+    pub device: u32,
+    /// The size the caller asked for (what torch_npu's message names).
+    pub requested: u64,
+    /// The segment size that was refused (torch_npu's `alloc_size` of the observers).
+    pub alloc_size: u64,
+    /// Bytes of every segment before the request (torch's `total_allocated_memory`).
+    pub total_allocated: u64,
+    /// `per_process_memory_fraction` of the device's total: the bound it would have passed.
+    pub limit: u64,
+    /// The device's total memory, as reported for the check.
+    pub device_total: u64,
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "NPU out of memory. Allocation was preemptively rejected because it would exceed \
+             per_process_memory_fraction limit. Requested size: {}",
+            FormatSize(self.requested)
+        )
+    }
+}
+
 /// A failed `malloc`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -92,6 +121,10 @@ pub enum AllocError<E> {
     /// No memory after torch's whole retry chain. Boxed: the report is large, and every
     /// `malloc` result is as large as its largest error.
     OutOfMemory(Box<OutOfMemory>),
+    /// With `throw_on_npumalloc_oom:True`, a segment that would take every segment's bytes past
+    /// `per_process_memory_fraction` of the device's total: refused with no retry, counted in
+    /// `num_oom_rejections` (not `num_ooms`). Out of memory to torch_npu's callers.
+    Rejected(Box<Rejection>),
     /// A request of 1 EiB or more, refused before the allocator runs.
     TooLarge {
         /// The requested size.
@@ -119,6 +152,7 @@ impl<E: fmt::Display> fmt::Display for AllocError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AllocError::OutOfMemory(oom) => oom.fmt(f),
+            AllocError::Rejected(r) => r.fmt(f),
             AllocError::TooLarge { .. } => {
                 f.write_str("NPU out of memory. Tried to allocate more than 1EB memory.")
             }

@@ -15,6 +15,10 @@ use crate::error::FreeError;
 use crate::history::Action;
 use crate::private_pool::PoolSet;
 
+/// torch_npu's `kLazyQuerySize`: with `multi_stream_lazy_reclaim`, a malloc polls the pending
+/// events at its start only when more than this many are queued.
+pub(crate) const LAZY_QUERY_SIZE: usize = 512;
+
 impl<D: Device> Allocator<D> {
     /// Frees the allocation at `addr` (0 is a no-op). A block used on other streams returns to its
     /// pool only once events recorded on those streams complete.
@@ -205,6 +209,28 @@ impl<D: Device> Allocator<D> {
             return Ok(());
         }
         self.poll_events()
+    }
+
+    /// `process_events` at the start of a malloc. With `multi_stream_lazy_reclaim` (torch_npu)
+    /// the events are polled only while more than [`LAZY_QUERY_SIZE`] are pending; returns
+    /// whether they were, under lazy reclaim (torch_npu's `reaped`: a miss then does not poll
+    /// again).
+    #[inline(always)]
+    pub(crate) fn reap_for_malloc(&mut self) -> Result<bool, D::Error> {
+        if self.events.pending() == 0 {
+            return Ok(false);
+        }
+        self.reap_pending()
+    }
+
+    #[inline(never)]
+    fn reap_pending(&mut self) -> Result<bool, D::Error> {
+        let lazy = self.conf.multi_stream_lazy_reclaim;
+        if lazy && self.events.pending() <= LAZY_QUERY_SIZE {
+            return Ok(false);
+        }
+        self.poll_events()?;
+        Ok(lazy)
     }
 
     #[inline(never)]

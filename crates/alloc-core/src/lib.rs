@@ -44,7 +44,7 @@ mod test_rng;
 pub use alloc_conf::AllocConf;
 pub use allocator::{Allocator, DeviceFacts, Flavour, MAX_RESERVE, Notice};
 pub use device::{Device, DeviceError, MemInfo, Stream, VmmError};
-pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory};
+pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory, Rejection};
 pub use expandable::{ExpandableInfo, Held};
 pub use garbage_collection::GcStatus;
 pub use history::{Action, Context, TraceEntry};

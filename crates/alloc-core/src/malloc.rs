@@ -116,7 +116,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Checks and sizes a request: `Ok(None)` for a zero-size one. Runs `process_events` first,
-    /// as torch's malloc does.
+    /// as torch's malloc does (with `multi_stream_lazy_reclaim`, only past 512 pending events).
     #[inline(always)]
     pub(crate) fn request(
         &mut self,
@@ -134,7 +134,7 @@ impl<D: Device> Allocator<D> {
             return Err(AllocError::TooLarge { size });
         }
         let padded = size + self.facts.pad;
-        self.process_events().map_err(AllocError::Device)?;
+        let reaped = self.reap_for_malloc().map_err(AllocError::Device)?;
         let rounded = if self.divides {
             size::round_size(padded, &self.conf)
         } else {
@@ -146,6 +146,7 @@ impl<D: Device> Allocator<D> {
             size: rounded,
             pool: PoolKind::for_size(rounded),
             set,
+            reaped,
             // Only a miss needs it: `miss` computes it.
             alloc_size: 0,
         }))

@@ -11,10 +11,10 @@
 
 use alloc::boxed::Box;
 
-use crate::allocator::{Allocator, Flavour, MAX_RESERVE, Request};
+use crate::allocator::{Allocator, Flavour, MAX_RESERVE, Notice, Request};
 use crate::block::{Block, BlockId};
 use crate::device::{Device, DeviceError, VmmError};
-use crate::error::{AllocError, OutOfMemory};
+use crate::error::{AllocError, OutOfMemory, Rejection};
 use crate::history::Action;
 
 /// Which `alloc_block` of the retry chain a segment request is.
@@ -95,8 +95,18 @@ pub enum MallocStep<E, S> {
 }
 
 impl<D: Device> Allocator<D> {
-    /// The miss path from its start: GC if enabled, then the first segment request.
+    /// The miss path from its start: with `multi_stream_lazy_reclaim`, the events the malloc's
+    /// start left pending polled and the pool searched again; then GC if enabled, then the first
+    /// segment request.
     pub(crate) fn miss(&mut self, mut req: Request<D::Stream>) -> MallocStep<D::Error, D::Stream> {
+        if self.conf.multi_stream_lazy_reclaim && !req.reaped {
+            if let Err(e) = self.process_events() {
+                return MallocStep::Done(Err(AllocError::Device(e)));
+            }
+            if let Some(id) = self.get_free_block(&req) {
+                return MallocStep::Done(Ok(self.alloc_found_block(id, &req)));
+            }
+        }
         req.alloc_size = crate::size::allocation_size(req.size, &self.conf);
         if self.limits_pending() {
             self.refresh_limits();
@@ -216,6 +226,13 @@ impl<D: Device> Allocator<D> {
         if refused {
             return self.after_failed_segment(req, stage, None);
         }
+        if self.conf.throw_on_npumalloc_oom {
+            match self.reject(&req) {
+                Ok(None) => {}
+                Ok(Some(r)) => return MallocStep::Done(Err(AllocError::Rejected(Box::new(r)))),
+                Err(e) => return MallocStep::Done(Err(AllocError::Device(e))),
+            }
+        }
         if req.set != 0 && self.is_saver_set(req.set) {
             return self.alloc_saver_segment(req, stage);
         }
@@ -241,6 +258,31 @@ impl<D: Device> Allocator<D> {
                 after_sync: AfterSync::Nothing,
             },
         }
+    }
+
+    /// torch_npu's `throw_on_npumalloc_oom` check, after the fraction's: the device's total is
+    /// asked each time (`aclrtGetMemInfo`), and a segment that would take every segment's bytes
+    /// past the configured `per_process_memory_fraction` of it (the configuration's value, not a
+    /// fraction set later with `set_per_process_memory_fraction`) is refused, counted and
+    /// noticed once. The refusal ends the malloc: no release, no retry, no OOM count or entry.
+    fn reject(&mut self, req: &Request<D::Stream>) -> Result<Option<Rejection>, D::Error> {
+        let device_total = self.device.mem_info()?.total;
+        let fraction = self.conf.per_process_memory_fraction;
+        // torch_npu's `static_cast<size_t>(fraction * double(total))`.
+        let limit = (fraction * device_total as f64) as u64;
+        if self.total_allocated + req.alloc_size <= limit {
+            return Ok(None);
+        }
+        self.stats.num_oom_rejections += 1;
+        self.notice(Notice::OomRejection);
+        Ok(Some(Rejection {
+            device: self.facts.index,
+            requested: req.requested,
+            alloc_size: req.alloc_size,
+            total_allocated: self.total_allocated,
+            limit,
+            device_total,
+        }))
     }
 
     /// The chain after the `alloc_block` at `stage` got no segment (`error`: the device's error

@@ -2,9 +2,10 @@
 //! (`record_stream`) was freed, in the order they were recorded (torch's `cuda_events`).
 //!
 //! Only the data structure lives here; the free path that fills and drains it is `free.rs`.
-//! A process has few streams, so the queues sit in a vector sorted by stream (torch's map order),
-//! polled by index: while frees are pending every malloc polls, and walking a vector in place
-//! costs far less than taking a map out and putting it back.
+//! A process has few streams, so the queues sit in a vector sorted by stream handle, polled by
+//! index: while frees are pending every malloc polls, and walking a vector in place costs far
+//! less than taking a map out and putting it back. (torch walks a hash map, in an order no one
+//! outside the process can know: docs/deviations.md.)
 
 use alloc::collections::VecDeque;
 use alloc::vec::Vec;

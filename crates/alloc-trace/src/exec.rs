@@ -125,6 +125,8 @@ pub struct OpCounts {
     pub ooms: u64,
     /// Allocations of 1 EiB or more, refused before the allocator runs.
     pub refused: u64,
+    /// Allocations refused by `throw_on_npumalloc_oom` (each counts in `num_oom_rejections`).
+    pub rejections: u64,
     /// `free` / `record` / misuse operations of ids whose allocation had failed, and `alloc` /
     /// `double_free` / `record_freed` of ids a failed `free` left live.
     pub skipped: u64,
@@ -461,6 +463,7 @@ pub struct Checks {
     base_mallocs: u64,
     base_frees: u64,
     ooms_since_reset: u64,
+    rejections_since_reset: u64,
     /// Faults scheduled and not fired yet.
     faults: Vec<Scheduled>,
     /// Test-only: break [`Rule::Sabotaged`] at the first successful `free` after a fault fired
@@ -1000,6 +1003,7 @@ impl Executor {
         match result {
             Ok(_) => {}
             Err(AllocError::OutOfMemory(_)) => self.counts.ooms += 1,
+            Err(AllocError::Rejected(_)) => self.counts.rejections += 1,
             Err(AllocError::TooLarge { .. }) => self.counts.refused += 1,
             Err(AllocError::Paused { .. }) => self.counts.paused_refusals += 1,
             Err(AllocError::Device(e)) if injected(&e) => self.counts.device_errors += 1,
@@ -1537,6 +1541,7 @@ impl Executor {
                 c.base_mallocs = mallocs;
                 c.base_frees = frees;
                 c.ooms_since_reset = 0;
+                c.rejections_since_reset = 0;
             }
             Outcome::Fault { scheduled: Some(s) } => self.checks().faults.push(s),
             Outcome::Misuse {
@@ -1718,6 +1723,14 @@ impl Executor {
         // In torch_npu's flavour a failed device malloc goes on through the chain; the error of
         // the op's last device malloc, if it was injected, is what a failed chain returns
         // (unless the fraction limit refused the last attempt before the device was asked).
+        // With `throw_on_npumalloc_oom`, each segment request asks the device's total first, and
+        // a failure of that call ends the malloc with its error.
+        let rejecting = self.alloc.conf().throw_on_npumalloc_oom;
+        let rejection_check_error = fired
+            .iter()
+            .rfind(|f| f.call == DeviceCall::MemInfo)
+            .filter(|_| rejecting)
+            .map(Scheduled::error);
         let malloc_calls = self.calls()[DeviceCall::Malloc as usize];
         let last_error = fired
             .iter()
@@ -1734,8 +1747,11 @@ impl Executor {
                 ));
             }
             (Err(AllocError::OutOfMemory(_)), None) => {}
-            // A new expandable segment asks for the device's total too.
-            (_, None) if fired_mem_info && !before.expandable => {
+            (Err(AllocError::Device(got)), None) if Some(got) == rejection_check_error.as_ref() => {
+            }
+            // A new expandable segment asks for the device's total too, as does the rejection
+            // check of each segment request.
+            (_, None) if fired_mem_info && !before.expandable && !rejecting => {
                 return Err(broken(
                     Rule::UnexpectedResult,
                     format!("{what} asked mem_info without running out of memory: {result:?}"),
@@ -1840,7 +1856,36 @@ impl Executor {
                     ));
                 }
             }
-            Err(AllocError::Device(_)) if must_fail.is_some() || last_error.is_some() => {
+            Err(AllocError::Rejected(r)) if rejecting && size > 0 && size < MAX_REQUEST => {
+                self.counts.rejections += 1;
+                self.checks().rejections_since_reset += 1;
+                self.allocation_count_is(count, &what)?;
+                // torch_npu's bound: the configured fraction of the device's total, truncated.
+                let capacity = self.alloc.device().capacity();
+                let fraction = self.alloc.conf().per_process_memory_fraction;
+                let limit = (fraction * capacity as f64) as u64;
+                let total = self.alloc.memory_reserved();
+                if r.requested != size
+                    || r.alloc_size < size
+                    || r.device_total != capacity
+                    || r.limit != limit
+                    || r.total_allocated != total
+                    || total.saturating_add(r.alloc_size) <= limit
+                {
+                    return Err(broken(
+                        Rule::UnexpectedResult,
+                        format!(
+                            "{what}: rejected with {r:?}, expected a segment past {limit} of \
+                             {capacity} bytes with {total} reserved"
+                        ),
+                    ));
+                }
+            }
+            Err(AllocError::Device(_))
+                if must_fail.is_some()
+                    || last_error.is_some()
+                    || rejection_check_error.is_some() =>
+            {
                 self.counts.device_errors += 1;
                 self.allocation_count_is(count, &what)?;
                 if self.alloc.stats().num_ooms != before.stats.num_ooms {
@@ -2084,6 +2129,11 @@ impl Executor {
                 self.device_frees(d) - c.base_frees,
             ),
             ("num_ooms", s.num_ooms, c.ooms_since_reset),
+            (
+                "num_oom_rejections",
+                s.num_oom_rejections,
+                c.rejections_since_reset,
+            ),
         ] {
             if got != want {
                 return Err(broken(

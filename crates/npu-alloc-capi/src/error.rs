@@ -79,9 +79,9 @@ impl From<RuntimeError<AclError>> for Fail {
     fn from(e: RuntimeError<AclError>) -> Fail {
         use alloc_core::{AllocError, FractionError, FreeError, SaverError};
         let status = match &e {
-            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. }) => {
-                NpuAllocStatus::OutOfMemory
-            }
+            RuntimeError::Alloc(
+                AllocError::OutOfMemory(_) | AllocError::Rejected(_) | AllocError::TooLarge { .. },
+            ) => NpuAllocStatus::OutOfMemory,
             // A device call outside the retry chain that ran out of memory (mapping an
             // expandable segment's page, say): torch_npu's NPU_CHECK_ERROR raises
             // OutOfMemoryError for it too (isCannOOM), without counting an OOM.

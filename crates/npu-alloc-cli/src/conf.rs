@@ -86,6 +86,11 @@ fn to_json(loaded: &Loaded) -> Value {
         json!(c.release_lock_on_npumalloc),
     );
     put(
+        "multi_stream_lazy_reclaim",
+        json!(c.multi_stream_lazy_reclaim),
+    );
+    put("throw_on_npumalloc_oom", json!(c.throw_on_npumalloc_oom));
+    put(
         "pinned_use_background_threads",
         json!(c.pinned_use_background_threads),
     );
@@ -272,6 +277,8 @@ fn value_text(key: Key, c: &AllocConf) -> String {
         }
         Key::PerProcessMemoryFraction => c.per_process_memory_fraction.to_string(),
         Key::ReleaseLockOnNpumalloc => flag(c.release_lock_on_npumalloc),
+        Key::MultiStreamLazyReclaim => flag(c.multi_stream_lazy_reclaim),
+        Key::ThrowOnNpumallocOom => flag(c.throw_on_npumalloc_oom),
         Key::PinnedUseBackgroundThreads => flag(c.pinned_use_background_threads),
         Key::PinMemoryExpandableSegments => flag(c.pin_memory_expandable_segments),
         Key::PinnedMemRegister => flag(c.pinned_mem_register),
@@ -313,7 +320,9 @@ mod tests {
         );
         assert_eq!(v["config"]["backend"], "native");
         assert_eq!(v["warnings"], json!([]));
-        assert_eq!(v["config"].as_object().unwrap().len(), 16);
+        assert_eq!(v["config"].as_object().unwrap().len(), 18);
+        assert_eq!(v["config"]["multi_stream_lazy_reclaim"], false);
+        assert_eq!(v["config"]["throw_on_npumalloc_oom"], false);
     }
 
     #[test]

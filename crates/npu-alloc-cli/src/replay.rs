@@ -391,6 +391,12 @@ fn print_summary(path: &Path, conf: &str, report: &Report, seconds: f64) {
     say!("device mallocs      {}", report.device_mallocs);
     say!("device frees        {}", report.device_frees);
     say!("OOMs                {}", s.num_ooms);
+    if s.num_oom_rejections > 0 {
+        say!(
+            "OOM rejections      {} (throw_on_npumalloc_oom)",
+            s.num_oom_rejections
+        );
+    }
     say!("alloc retries       {}", s.num_alloc_retries);
     if c.refused + c.skipped > 0 {
         say!("refused (≥1 EiB)    {}", c.refused);

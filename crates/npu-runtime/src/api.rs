@@ -9,7 +9,8 @@
 
 use acl_sys::AclError;
 use alloc_core::{
-    AllocError, Device, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, SegmentInfo,
+    AllocError, Device, DeviceFacts, DeviceStats, FreeError, GcStatus, OutOfMemory, Rejection,
+    SegmentInfo,
 };
 use crossbeam_utils::CachePadded;
 
@@ -35,6 +36,10 @@ pub type Opener<D> = dyn Fn(u32) -> core::result::Result<(D, DeviceFacts), <D as
 /// A function told about each out-of-memory error, after the allocator's lock is released
 /// (torch's `attachOutOfMemoryObserver`).
 pub type OomObserver = dyn Fn(&OutOfMemory) + Send + Sync;
+
+/// A function told about each malloc refused by `throw_on_npumalloc_oom`, on a thread of its
+/// own (torch_npu's `attachOomRejectionObserver`, whose observers run on a detached thread).
+pub type RejectionObserver = dyn Fn(&Rejection) + Send + Sync;
 
 /// Result of the runtime's calls.
 pub type Result<T, E = AclError> = core::result::Result<T, RuntimeError<E>>;
@@ -119,6 +124,8 @@ pub struct Runtime<D: Device> {
     pub(crate) settings: Mutex<(alloc_conf::AllocConf, Vec<String>)>,
     devices: Vec<Slot<D>>,
     observers: Mutex<Vec<Arc<Box<OomObserver>>>>,
+    /// std's `Arc`, not the loom shim's: the observers go to a thread of their own.
+    rejection_observers: Mutex<Vec<std::sync::Arc<RejectionObserver>>>,
     /// The history every device records (`record_memory_history`): its ring size, or `None`.
     pub(crate) history: Mutex<Option<usize>>,
     /// The host-queue mode and hooks every device uses (`set_host_queue`, `set_drain_hook`).
@@ -156,6 +163,7 @@ where
                 })
                 .collect(),
             observers: Mutex::new(Vec::new()),
+            rejection_observers: Mutex::new(Vec::new()),
             history: Mutex::new(None),
             host: Mutex::new((alloc_core::HostQueue::None, Default::default())),
             id: crate::scope::next_runtime_id(),
@@ -314,6 +322,9 @@ where
             })
         {
             a.warn_unsynchronized();
+        }
+        if let RuntimeError::Alloc(AllocError::Rejected(r)) = &e {
+            self.notify_rejection_observers(r);
         }
         if let RuntimeError::Alloc(AllocError::OutOfMemory(oom)) = &mut e
             && self.notify_observers(oom)
@@ -637,6 +648,44 @@ where
         !observers.is_empty()
     }
 
+    /// Runs the rejection observers on a thread of their own, as torch_npu does ("to minimize
+    /// latency impact on rejection path"); where no thread can be started, on this one.
+    fn notify_rejection_observers(&self, rejection: &Rejection) {
+        let observers = self.rejection_observers.lock().clone();
+        if observers.is_empty() {
+            return;
+        }
+        let run = {
+            let rejection = rejection.clone();
+            move || {
+                for observer in &observers {
+                    observer(&rejection);
+                }
+            }
+        };
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(Some(run)));
+        let theirs = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("npu-alloc-oom-rejection".into())
+            .spawn(move || take_and_run(&theirs));
+        if spawned.is_err() {
+            take_and_run(&shared);
+        }
+    }
+
+    /// Calls `observer` with each malloc that `throw_on_npumalloc_oom` refused (device, the
+    /// refused segment's size, the bytes of every segment before it, the device's total), on a
+    /// thread of its own, after the device's lock is released (torch_npu's
+    /// `attachOomRejectionObserver`). The malloc returns its error without waiting for them.
+    pub fn attach_oom_rejection_observer<F>(&self, observer: F)
+    where
+        F: Fn(&Rejection) + Send + Sync + 'static,
+    {
+        self.rejection_observers
+            .lock()
+            .push(std::sync::Arc::new(observer));
+    }
+
     /// Calls `observer` with each out-of-memory error, after the device's lock is released. An
     /// out-of-memory error raised inside an observer (by a malloc it makes) is returned to it
     /// without calling the observers again.
@@ -662,5 +711,13 @@ impl<D: Device> std::fmt::Debug for Runtime<D> {
             .field("opened", &opened)
             .field("config", &self.config)
             .finish()
+    }
+}
+
+/// Runs the closure left in `slot`, once, by whichever thread gets it.
+fn take_and_run(slot: &std::sync::Mutex<Option<impl FnOnce()>>) {
+    let run = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(run) = run {
+        run();
     }
 }

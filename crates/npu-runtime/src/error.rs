@@ -87,11 +87,14 @@ impl<E> From<FractionError> for RuntimeError<E> {
 }
 
 impl<E> RuntimeError<E> {
-    /// Whether this is out-of-memory (torch's `OutOfMemoryError`).
+    /// Whether this is out-of-memory (torch's `OutOfMemoryError`; torch_npu raises it for a
+    /// `throw_on_npumalloc_oom` rejection too).
     pub fn is_out_of_memory(&self) -> bool {
         matches!(
             self,
-            RuntimeError::Alloc(AllocError::OutOfMemory(_) | AllocError::TooLarge { .. })
+            RuntimeError::Alloc(
+                AllocError::OutOfMemory(_) | AllocError::Rejected(_) | AllocError::TooLarge { .. }
+            )
         )
     }
 

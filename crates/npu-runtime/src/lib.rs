@@ -38,10 +38,10 @@ pub use acl_device::{AclDevice, AclPlatform, Stream, keeping_current_device};
 pub use acl_sys::{AclError, Lib};
 pub use alloc_core::{
     AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, HostQueue, OutOfMemory, PoolError,
-    PoolId, SaverError, SaverStats, SegmentInfo, TagStats,
+    PoolId, Rejection, SaverError, SaverStats, SegmentInfo, TagStats,
 };
 pub use alloc_snapshot::{ExportError, WriteError};
-pub use api::{NpuAllocator, OomObserver, Opener, Result, Runtime};
+pub use api::{NpuAllocator, OomObserver, Opener, RejectionObserver, Result, Runtime};
 pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use device_allocator::SyncHook;
 pub use error::RuntimeError;

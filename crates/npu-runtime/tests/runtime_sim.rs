@@ -80,6 +80,46 @@ fn the_oom_message_is_read_after_the_observers_ran() {
     assert!(e.to_string().contains("0 bytes already allocated"), "{e}");
 }
 
+/// `throw_on_npumalloc_oom:True`: the refused malloc is out of memory to the caller at once,
+/// the OOM observers are not called, and the rejection observers run on a thread of their own
+/// with torch_npu's four numbers.
+#[test]
+fn a_rejected_malloc_calls_the_rejection_observers_on_their_own_thread() {
+    let config = Config {
+        alloc: alloc_conf::parse("throw_on_npumalloc_oom:True").conf,
+        ..Config::default()
+    };
+    let rt = sim::runtime(1, 64 * MIB, config);
+    let ooms = Arc::new(AtomicU64::new(0));
+    {
+        let ooms = ooms.clone();
+        rt.attach_out_of_memory_observer(move |_| {
+            ooms.fetch_add(1, Ordering::Relaxed);
+        });
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let caller = std::thread::current().id();
+    rt.attach_oom_rejection_observer(move |r| {
+        let numbers = (r.device, r.alloc_size, r.total_allocated, r.device_total);
+        tx.send((numbers, std::thread::current().id() != caller))
+            .unwrap();
+    });
+    let a = rt.malloc(40 * MIB, 0, S0).unwrap();
+    let err = rt.malloc(30 * MIB, 0, S0).unwrap_err();
+    assert!(err.is_out_of_memory());
+    assert!(matches!(
+        err,
+        RuntimeError::Alloc(npu_runtime::AllocError::Rejected(_))
+    ));
+    let (numbers, elsewhere) = rx.recv_timeout(std::time::Duration::from_secs(60)).unwrap();
+    assert_eq!(numbers, (0, 32 * MIB, 42 * MIB, 64 * MIB));
+    assert!(elsewhere, "the observers run on a thread of their own");
+    assert_eq!(ooms.load(Ordering::Relaxed), 0);
+    let stats = rt.device_stats(0).unwrap();
+    assert_eq!((stats.num_oom_rejections, stats.num_ooms), (1, 0));
+    rt.free(a).unwrap();
+}
+
 fn expandable_config() -> Config {
     Config {
         alloc: alloc_conf::parse("expandable_segments:True").conf,

@@ -364,6 +364,33 @@ fn key_release_lock_on_npumalloc_and_its_alias() {
 }
 
 #[test]
+fn key_multi_stream_lazy_reclaim() {
+    assert!(clean("multi_stream_lazy_reclaim:True").multi_stream_lazy_reclaim);
+    assert!(!clean("multi_stream_lazy_reclaim:False").multi_stream_lazy_reclaim);
+    rejected("multi_stream_lazy_reclaim:TRUE");
+    let p = parse("multi_stream_lazy_reclaim:1");
+    assert_eq!(
+        p.warnings[0].message,
+        "Expected a single True/False argument for multi_stream_lazy_reclaim, got '1'"
+    );
+    // Fixed at start, as torch_npu's `_set_allocator_settings` refuses it.
+    let start = clean("multi_stream_lazy_reclaim:True");
+    let p = parse_settings(&start, "multi_stream_lazy_reclaim:False");
+    assert_eq!(p.warnings[0].kind, WarningKind::NotAtRunTime);
+    assert!(p.conf.multi_stream_lazy_reclaim);
+}
+
+#[test]
+fn key_throw_on_npumalloc_oom() {
+    assert!(clean("throw_on_npumalloc_oom:True").throw_on_npumalloc_oom);
+    rejected("throw_on_npumalloc_oom:yes");
+    // One of the keys torch_npu's `_set_allocator_settings` takes.
+    let p = parse_settings(&AllocConf::default(), "throw_on_npumalloc_oom:True");
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+    assert!(p.conf.throw_on_npumalloc_oom);
+}
+
+#[test]
 fn key_pinned_use_background_threads() {
     assert!(clean("pinned_use_background_threads:True").pinned_use_background_threads);
     rejected("pinned_use_background_threads:on");
@@ -419,7 +446,7 @@ fn key_backend() {
 
 #[test]
 fn key_table_is_the_spec_table() {
-    // Guard for the per-key tests above: exactly the documented 16 keys, in their order.
+    // Guard for the per-key tests above: exactly the documented 18 keys, in their order.
     let names: Vec<&str> = Key::ALL.iter().map(|k| k.name()).collect();
     assert_eq!(
         names,
@@ -435,6 +462,8 @@ fn key_table_is_the_spec_table() {
             "roundup_power2_divisions",
             "per_process_memory_fraction",
             "release_lock_on_npumalloc",
+            "multi_stream_lazy_reclaim",
+            "throw_on_npumalloc_oom",
             "pinned_use_background_threads",
             "pin_memory_expandable_segments",
             "pinned_mem_register",
