@@ -295,6 +295,20 @@ enum NpuAllocStatus npu_alloc_dump_snapshot(const char *path);
 enum NpuAllocStatus npu_alloc_mem_pool_create(int device, uint64_t *id);
 
 /**
+ * torch's `setUseOnOOM` (`MemPool(use_on_oom=True)`): while `on`, a malloc of `device`'s
+ * default pools that gets no segment at its first attempt takes a cached block of pool `id`
+ * that fits, before it releases anything. An unknown pool is `Refused`;
+ * [`npu_alloc_mem_pool_release`] turns it off.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_set_use_on_oom(int device, uint64_t id, bool on);
+
+/**
+ * torch_npu's `setNoSplit` (`MemPool(no_split=True)`): pool `id` hands its blocks out whole
+ * from now on. An unknown pool is `Refused`.
+ */
+enum NpuAllocStatus npu_alloc_mem_pool_set_no_split(int device, uint64_t id);
+
+/**
  * `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
  * A pool id `device` does not know gets a pool of its own there, freeable once the scope ends
  * (torch's `beginAllocateToPool`); a pool a scope already allocates to is `Refused`.

@@ -110,6 +110,8 @@ def _load():
             "npu_alloc_mem_pool_use_count": ([c_int, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint32)],
                                              c_int),
             "npu_alloc_mem_pool_release": ([c_int, ctypes.c_uint64], c_int),
+            "npu_alloc_mem_pool_set_use_on_oom": ([c_int, ctypes.c_uint64, ctypes.c_bool], c_int),
+            "npu_alloc_mem_pool_set_no_split": ([c_int, ctypes.c_uint64], c_int),
             "npu_alloc_region_begin": ([c_int, c_char, ctypes.c_bool], c_int),
             "npu_alloc_region_end": ([c_int], c_int),
             "npu_alloc_pause": ([c_char], c_int),
@@ -349,14 +351,21 @@ def dump_snapshot(path):
 
 class MemPool:
     """torch's ``MemPool`` on ``device`` (None: the current device): a private pool, given back
-    by ``release()``."""
+    by ``release()``. With ``use_on_oom``, allocations of the default pools that run out of
+    memory may take its cached blocks before anything is released; with ``no_split`` (torch_npu)
+    its blocks are handed out whole."""
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, use_on_oom=False, no_split=False):
         self.device = _device(device)
         pid = ctypes.c_uint64()
-        _check(_load().npu_alloc_mem_pool_create(self.device, ctypes.byref(pid)))
+        lib = _load()
+        _check(lib.npu_alloc_mem_pool_create(self.device, ctypes.byref(pid)))
         self.id = (0, pid.value)
         self._released = False
+        if use_on_oom:
+            _check(lib.npu_alloc_mem_pool_set_use_on_oom(self.device, self.id[1], True))
+        if no_split:
+            _check(lib.npu_alloc_mem_pool_set_no_split(self.device, self.id[1]))
 
     def release(self):
         """Drops the pool (torch's ``del pool``): its cache is emptied once nothing holds it."""

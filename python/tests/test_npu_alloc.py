@@ -133,6 +133,16 @@ class Errors(unittest.TestCase):
             q = npu_alloc.malloc(1000)
         npu_alloc.free(q)
         pool.release()
+        # torch_npu's MemPool(use_on_oom=..., no_split=...): a no_split pool's 1000-byte
+        # allocation holds its whole 2 MiB segment.
+        whole = npu_alloc.MemPool(use_on_oom=True, no_split=True)
+        before = npu_alloc.memory_stats()["allocated_bytes.all.current"]
+        with npu_alloc.use_mem_pool(whole):
+            q = npu_alloc.malloc(1000)
+        self.assertEqual(npu_alloc.memory_stats()["allocated_bytes.all.current"] - before,
+                         2 << 20)
+        npu_alloc.free(q)
+        whole.release()
         with self.assertRaises(npu_alloc.NpuAllocError):
             with npu_alloc.use_mem_pool(pool):
                 pass

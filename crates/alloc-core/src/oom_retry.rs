@@ -294,6 +294,13 @@ impl<D: Device> Allocator<D> {
         stage: Stage,
         error: Option<D::Error>,
     ) -> MallocStep<D::Error, D::Stream> {
+        // torch's `try_mempool_fallback` releases nothing: it comes before the host queue's
+        // synchronize.
+        if stage == Stage::First
+            && let Some(addr) = self.use_on_oom_fallback(&req)
+        {
+            return MallocStep::Done(Ok(addr));
+        }
         match (stage, self.host_queue) {
             (Stage::Retry, _) | (_, HostQueue::None) => {}
             (_, HostQueue::SyncFirst) => {

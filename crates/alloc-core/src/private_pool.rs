@@ -123,6 +123,11 @@ pub(crate) struct PrivatePool<S> {
     pub(crate) entered: bool,
     /// Set for a memory-saver pool.
     pub(crate) saver: Option<SaverTag>,
+    /// torch's `use_on_oom`: a default-pool malloc that got no first segment searches this
+    /// pool's cached blocks before it releases anything (`try_mempool_fallback`).
+    pub(crate) use_on_oom: bool,
+    /// torch_npu's `no_split`: this pool's blocks are handed out whole, never split.
+    pub(crate) no_split: bool,
 }
 
 /// A pool set index: 0 the default pools, `i` the private pool in slot `i - 1`.
@@ -138,6 +143,8 @@ pub(crate) struct Pools<S> {
     pub(crate) next_user: u64,
     /// The pool numbers shared with other devices' allocators.
     shared_ids: Option<Arc<AtomicU64>>,
+    /// Whether any live pool is `use_on_oom`: a miss of the default pools asks only then.
+    pub(crate) use_on_oom: bool,
 }
 
 impl<S> Default for Pools<S> {
@@ -147,6 +154,7 @@ impl<S> Default for Pools<S> {
             private: Vec::new(),
             next_user: 1,
             shared_ids: None,
+            use_on_oom: false,
         }
     }
 }
@@ -220,6 +228,7 @@ impl<S> Pools<S> {
         while matches!(self.private.last(), Some(None)) {
             self.private.pop();
         }
+        self.use_on_oom = self.private.iter().flatten().any(|p| p.use_on_oom);
     }
 
     /// Every live set, the default first.
@@ -310,7 +319,65 @@ impl<D: crate::Device> crate::Allocator<D> {
             segments: 0,
             entered: false,
             saver,
+            use_on_oom: false,
+            no_split: false,
         })
+    }
+
+    /// torch's `setUseOnOOM` (`MemPool(use_on_oom=True)`): while `on`, a malloc of the default
+    /// pools that got no segment at its first attempt takes a cached block of pool `id` that
+    /// fits, before the retry chain releases anything (torch's `try_mempool_fallback`). A pool
+    /// a scope allocates to, one released to use count 0, or a paused memory-saver tag's is
+    /// passed over.
+    pub fn set_use_on_oom(&mut self, id: PoolId, on: bool) -> Result<(), PoolError> {
+        self.private_pool_mut(id)?.use_on_oom = on;
+        self.pools.use_on_oom = self.pools.private.iter().flatten().any(|p| p.use_on_oom);
+        Ok(())
+    }
+
+    /// torch_npu's `setNoSplit` (`MemPool(no_split=True)`): from now on pool `id` hands its
+    /// blocks out whole (a request takes a whole cached block or segment, as a block of
+    /// `max_split_size` or more is taken). There is no way back, as in torch_npu.
+    pub fn set_no_split(&mut self, id: PoolId) -> Result<(), PoolError> {
+        self.private_pool_mut(id)?.no_split = true;
+        Ok(())
+    }
+
+    /// Whether pool set `set` splits no block (torch_npu's `no_split_pools`).
+    #[inline(never)]
+    pub(crate) fn is_no_split_set(&self, set: PoolSet) -> bool {
+        self.pools.private(set).is_some_and(|p| p.no_split)
+    }
+
+    /// torch's `try_mempool_fallback`, after the first segment request of a default-pool malloc
+    /// failed: the first `use_on_oom` pool, in creation order, with a cached block that fits
+    /// serves the request (its block stays that pool's). torch walks a hash set, whose order
+    /// cannot be known; a pool a scope allocates to is passed over where torch would raise
+    /// "already recording" out of the malloc (docs/deviations.md).
+    pub(crate) fn use_on_oom_fallback(
+        &mut self,
+        req: &crate::allocator::Request<D::Stream>,
+    ) -> Option<u64> {
+        if !self.pools.use_on_oom || req.set != 0 {
+            return None;
+        }
+        let sets: Vec<PoolSet> = self
+            .pools
+            .sets()
+            .filter(|&set| {
+                self.pools
+                    .private(set)
+                    .is_some_and(|p| p.use_on_oom && !p.entered)
+                    && self.set_refusal::<D::Error>(set).is_none()
+            })
+            .collect();
+        for set in sets {
+            let fallback = crate::allocator::Request { set, ..*req };
+            if let Some(id) = self.get_free_block(&fallback) {
+                return Some(self.alloc_found_block(id, &fallback));
+            }
+        }
+        None
     }
 
     /// torch's `beginAllocateToPool` (`create_or_incref_pool` and its check): a scope starts

@@ -283,3 +283,109 @@ fn a_released_pool_goes_with_its_last_expandable_range() {
     assert_eq!(a.private_pools(), []);
     check_consistency(&a);
 }
+
+/// A default-pool malloc whose first segment request fails, with `pool`'s 22 MiB segment cached
+/// and `x` (a 32 MiB segment) live on a 64 MiB device. Returns the allocator, the pool and the
+/// address of its cached block.
+fn oom_with_a_cached_pool_block(
+    use_on_oom: bool,
+) -> (alloc_core::Allocator<alloc_sim::TestDevice>, PoolId, u64) {
+    let mut a = npu(64 * MIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    if use_on_oom {
+        a.set_use_on_oom(pool, true).unwrap();
+    }
+    let y = a.malloc_in(20 * MIB, S0, pool).unwrap();
+    a.free(y).unwrap();
+    a.malloc(30 * MIB, S0).unwrap();
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (54 * MIB) as i64);
+    (a, pool, y)
+}
+
+/// torch's `use_on_oom` (`try_mempool_fallback`): after the first segment request of a
+/// default-pool malloc failed, a cached block of a `use_on_oom` pool that fits is taken, before
+/// anything is released; the block stays the pool's.
+#[test]
+fn a_use_on_oom_pool_serves_a_default_malloc_before_the_retry_chain() {
+    let (mut a, pool, y) = oom_with_a_cached_pool_block(true);
+    // 54 + 22 MiB does not fit 64: the device refuses; the pool's block (20 MiB + 512) fits.
+    assert_eq!(a.malloc(20 * MIB, S0), Ok(y));
+    assert_eq!(a.device().malloc_calls(), 3);
+    assert_eq!(stat(&a, "num_alloc_retries"), 0);
+    assert_eq!(stat(&a, "num_sync_all_streams"), 0);
+    assert_eq!(stat(&a, "num_ooms"), 0);
+    // The block is split as the pool's: its 2 MiB - 512 rest stays cached in the pool.
+    assert_eq!(stat(&a, "inactive_split.large_pool.current"), 2);
+    a.free(y).unwrap();
+    // Freed, it goes back to the pool, whose next request takes it.
+    assert_eq!(a.malloc_in(20 * MIB, S0, pool), Ok(y));
+    check_consistency(&a);
+
+    // Without use_on_oom the chain runs and runs out: the held pool's cache is not released.
+    let (mut b, _, _) = oom_with_a_cached_pool_block(false);
+    assert!(matches!(
+        b.malloc(20 * MIB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(stat(&b, "num_alloc_retries"), 1);
+    check_consistency(&b);
+}
+
+#[test]
+fn the_fallback_passes_over_entered_and_released_pools_and_serves_default_requests_only() {
+    // A scope allocates to the pool (torch would raise "already recording" out of the malloc).
+    let (mut a, pool, y) = oom_with_a_cached_pool_block(true);
+    a.enter_pool(pool).unwrap();
+    assert!(matches!(
+        a.malloc(20 * MIB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    a.leave_pool(pool).unwrap();
+    // Switched off again.
+    a.set_use_on_oom(pool, false).unwrap();
+    assert!(a.malloc(20 * MIB, S0).is_err());
+    // A request of another private pool does not fall back.
+    a.set_use_on_oom(pool, true).unwrap();
+    let other = a.create_pool().unwrap();
+    assert!(a.malloc_in(20 * MIB, S0, other).is_err());
+    // Released to use count 0: passed over (torch clears use_on_oom before it releases); the
+    // retry chain then gives the freeable pool's segment back and the last attempt fits.
+    a.release_pool(pool).unwrap();
+    let retries = stat(&a, "num_alloc_retries");
+    let z = a.malloc(20 * MIB, S0).unwrap();
+    assert_ne!(z, y);
+    assert_eq!(stat(&a, "num_alloc_retries"), retries + 1);
+    assert_eq!(a.private_pools(), [other]);
+    assert_eq!(
+        a.set_use_on_oom(PoolId(0, 99), true),
+        Err(PoolError::Unknown(PoolId(0, 99)))
+    );
+    assert_eq!(
+        a.set_use_on_oom(PoolId::DEFAULT, true),
+        Err(PoolError::Default)
+    );
+    check_consistency(&a);
+}
+
+/// torch_npu's `no_split`: the pool's blocks are handed out whole, a new segment included.
+#[test]
+fn a_no_split_pool_hands_out_whole_blocks() {
+    let mut a = npu(GIB, &AllocConf::default());
+    let pool = a.create_pool().unwrap();
+    a.set_no_split(pool).unwrap();
+    let x = a.malloc_in(1000, S0, pool).unwrap();
+    // The whole 2 MiB small segment is the allocation.
+    assert_eq!(stat(&a, "allocated_bytes.all.current"), (2 * MIB) as i64);
+    assert_eq!(stat(&a, "requested_bytes.all.current"), 1000);
+    let y = a.malloc_in(1000, S0, pool).unwrap();
+    assert_eq!(y, x + 2 * MIB);
+    assert_eq!(stat(&a, "num_device_alloc"), 2);
+    a.free(x).unwrap();
+    assert_eq!(a.malloc_in(5000, S0, pool), Ok(x));
+    assert_eq!(stat(&a, "inactive_split.all.current"), 0);
+    // The default pools split as ever.
+    let d = a.malloc(1000, S0).unwrap();
+    assert_eq!(a.malloc(1000, S0), Ok(d + 1536));
+    assert_eq!(a.set_no_split(PoolId::DEFAULT), Err(PoolError::Default));
+    check_consistency(&a);
+}

@@ -1118,11 +1118,22 @@ impl Executor {
                 .ok_or_else(|| ExecError::Scope(ScopeError::NoPool(name.to_owned())))
         };
         match op {
-            PoolOp::Create(name) => {
+            PoolOp::Create {
+                name,
+                use_on_oom,
+                no_split,
+            } => {
                 if self.pool_names.iter().any(|(n, ..)| n == name) {
                     return Err(ExecError::Scope(ScopeError::PoolExists(name.clone())));
                 }
                 let id = self.alloc.create_pool().map_err(refused)?;
+                // torch's MemPool constructor: created, then marked.
+                if *use_on_oom {
+                    self.alloc.set_use_on_oom(id, true).map_err(refused)?;
+                }
+                if *no_split {
+                    self.alloc.set_no_split(id).map_err(refused)?;
+                }
                 self.pool_names.push((name.clone(), id, true));
             }
             PoolOp::Use(name) => {

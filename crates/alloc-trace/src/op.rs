@@ -177,8 +177,17 @@ pub enum OpKind {
 /// An operation on a private pool, by the name the trace gives it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolOp {
-    /// `pool <name>`: creates a pool (torch's `MemPool()`), held by the trace.
-    Create(String),
+    /// `pool <name> [use_on_oom] [no_split]`: creates a pool (torch's `MemPool(use_on_oom=...,
+    /// no_split=...)`), held by the trace.
+    Create {
+        /// The pool's name in the trace.
+        name: String,
+        /// torch's `use_on_oom`: default-pool mallocs may take its cached blocks before the
+        /// retry chain releases anything.
+        use_on_oom: bool,
+        /// torch_npu's `no_split`: its blocks are handed out whole.
+        no_split: bool,
+    },
     /// `use_pool <name>`: allocations until the matching `end_pool` come from the pool (torch's
     /// `use_mem_pool`).
     Use(String),
@@ -211,7 +220,7 @@ impl OpKind {
             OpKind::Misuse(m) => m.keyword(),
             OpKind::Drain => "drain",
             OpKind::Settings(_) => "set_allocator_settings",
-            OpKind::Pool(PoolOp::Create(_)) => "pool",
+            OpKind::Pool(PoolOp::Create { .. }) => "pool",
             OpKind::Pool(PoolOp::Use(_)) => "use_pool",
             OpKind::Pool(PoolOp::End) => "end_pool",
             OpKind::Pool(PoolOp::Release(_)) => "release_pool",
@@ -338,7 +347,7 @@ pub fn well_formed(ops: impl IntoIterator<Item = OpKind>, id_count: usize) -> Ve
             OpKind::Misuse(Misuse::DoubleFree { id } | Misuse::RecordFreed { id, .. }) => {
                 state[id.index()] == State::Freed
             }
-            OpKind::Pool(PoolOp::Create(name)) => {
+            OpKind::Pool(PoolOp::Create { name, .. }) => {
                 let new = !pools.iter().any(|(n, _)| n == name);
                 if new {
                     pools.push((name.clone(), true));

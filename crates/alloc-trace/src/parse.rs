@@ -138,7 +138,8 @@ pub enum TraceErrorKind {
         /// The token found.
         token: String,
     },
-    /// An option word the keyword does not take (`region` takes `cpu_backup`).
+    /// An option word the keyword does not take (`region` takes `cpu_backup`, `pool` takes
+    /// `use_on_oom` and `no_split`, each once).
     UnknownOption {
         /// The keyword.
         keyword: &'static str,
@@ -269,8 +270,13 @@ impl fmt::Display for TraceErrorKind {
             }
             TraceErrorKind::UnknownOption { keyword, token } => write!(
                 f,
-                "unknown option `{}` after `{keyword}`: expected `cpu_backup`",
-                Echo(token)
+                "unknown option `{}` after `{keyword}`: expected {}",
+                Echo(token),
+                if *keyword == "pool" {
+                    "`use_on_oom` or `no_split`, each at most once"
+                } else {
+                    "`cpu_backup`"
+                }
             ),
             TraceErrorKind::UnknownFlavour { token } => {
                 write!(
@@ -648,11 +654,31 @@ impl<'a> Parser<'a> {
                 args.end()?;
                 OpKind::Settings(settings)
             }
-            "pool" | "use_pool" | "release_pool" => {
+            "pool" => {
+                let name = args.need("<name>")?.to_owned();
+                let (mut use_on_oom, mut no_split) = (false, false);
+                while let Some(token) = args.optional() {
+                    match token {
+                        "use_on_oom" if !use_on_oom => use_on_oom = true,
+                        "no_split" if !no_split => no_split = true,
+                        _ => {
+                            return Err(TraceErrorKind::UnknownOption {
+                                keyword,
+                                token: token.to_owned(),
+                            });
+                        }
+                    }
+                }
+                OpKind::Pool(PoolOp::Create {
+                    name,
+                    use_on_oom,
+                    no_split,
+                })
+            }
+            "use_pool" | "release_pool" => {
                 let name = args.need("<name>")?.to_owned();
                 args.end()?;
                 OpKind::Pool(match keyword {
-                    "pool" => PoolOp::Create(name),
                     "use_pool" => PoolOp::Use(name),
                     _ => PoolOp::Release(name),
                 })
@@ -822,6 +848,42 @@ mod tests {
 
     fn msg(text: &str) -> String {
         parse(text).expect_err(text).to_string()
+    }
+
+    #[test]
+    fn a_pool_takes_use_on_oom_and_no_split_once_each_in_any_order() {
+        let pool = |use_on_oom, no_split| {
+            OpKind::Pool(PoolOp::Create {
+                name: "p".into(),
+                use_on_oom,
+                no_split,
+            })
+        };
+        assert_eq!(ops("pool p\n"), [pool(false, false)]);
+        assert_eq!(ops("pool p use_on_oom\n"), [pool(true, false)]);
+        assert_eq!(ops("pool p no_split use_on_oom\n"), [pool(true, true)]);
+        for line in [
+            "pool p use_on_oom use_on_oom",
+            "pool p split",
+            "pool p no_split x",
+        ] {
+            assert!(matches!(
+                err(&format!("{line}\n"), 1),
+                TraceErrorKind::UnknownOption {
+                    keyword: "pool",
+                    ..
+                }
+            ));
+        }
+        assert_eq!(
+            msg("pool p cpu_backup\n"),
+            "t.trace:1: unknown option `cpu_backup` after `pool`: expected `use_on_oom` or \
+             `no_split`, each at most once"
+        );
+        // Written back as read.
+        let t = parse("pool p no_split use_on_oom\n").unwrap();
+        let line = crate::write::Line::new(&t, &t.ops[0].kind).to_string();
+        assert_eq!(line, "pool p use_on_oom no_split");
     }
 
     #[test]

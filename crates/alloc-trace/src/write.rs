@@ -33,9 +33,23 @@ impl fmt::Display for Line<'_> {
             OpKind::Complete { stream: Some(s) } => write!(f, "{keyword} {s}"),
             OpKind::Fraction(x) => write!(f, "{keyword} {x}"),
             OpKind::Settings(ref settings) => write!(f, "{keyword} {settings}"),
-            OpKind::Pool(
-                PoolOp::Create(ref name) | PoolOp::Use(ref name) | PoolOp::Release(ref name),
-            ) => write!(f, "{keyword} {name}"),
+            OpKind::Pool(PoolOp::Create {
+                ref name,
+                use_on_oom,
+                no_split,
+            }) => {
+                write!(f, "{keyword} {name}")?;
+                if use_on_oom {
+                    f.write_str(" use_on_oom")?;
+                }
+                if no_split {
+                    f.write_str(" no_split")?;
+                }
+                Ok(())
+            }
+            OpKind::Pool(PoolOp::Use(ref name) | PoolOp::Release(ref name)) => {
+                write!(f, "{keyword} {name}")
+            }
             OpKind::Region {
                 ref tag,
                 cpu_backup,

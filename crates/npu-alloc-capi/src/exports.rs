@@ -592,6 +592,28 @@ pub unsafe extern "C" fn npu_alloc_mem_pool_create(device: c_int, id: *mut u64) 
     })
 }
 
+/// torch's `setUseOnOOM` (`MemPool(use_on_oom=True)`): while `on`, a malloc of `device`'s
+/// default pools that gets no segment at its first attempt takes a cached block of pool `id`
+/// that fits, before it releases anything. An unknown pool is `Refused`;
+/// [`npu_alloc_mem_pool_release`] turns it off.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_mem_pool_set_use_on_oom(
+    device: c_int,
+    id: u64,
+    on: bool,
+) -> NpuAllocStatus {
+    status_keeping_device(|| {
+        Ok(runtime()?.set_use_on_oom(self::device(device)?, PoolId(0, id), on)?)
+    })
+}
+
+/// torch_npu's `setNoSplit` (`MemPool(no_split=True)`): pool `id` hands its blocks out whole
+/// from now on. An unknown pool is `Refused`.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_mem_pool_set_no_split(device: c_int, id: u64) -> NpuAllocStatus {
+    status_keeping_device(|| Ok(runtime()?.set_no_split(self::device(device)?, PoolId(0, id))?))
+}
+
 /// `use_mem_pool(pool).__enter__()`: this thread's allocations on `device` come from pool `id`.
 /// A pool id `device` does not know gets a pool of its own there, freeable once the scope ends
 /// (torch's `beginAllocateToPool`); a pool a scope already allocates to is `Refused`.

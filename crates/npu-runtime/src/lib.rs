@@ -46,7 +46,7 @@ pub use config::{Config, ConfigWarning, NO_CACHING_ENV, env_var};
 pub use device_allocator::SyncHook;
 pub use error::RuntimeError;
 pub use history::DumpError;
-pub use scope::{MemPool, ScopeGuard};
+pub use scope::{MemPool, MemPoolOptions, ScopeGuard};
 pub use summary::{ExpandableSummary, memory_summary};
 /// The runtime's lock, for the lock floor of `benches/runtime_hit.rs`; not part of the API.
 #[doc(hidden)]

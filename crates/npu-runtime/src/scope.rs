@@ -58,6 +58,15 @@ pub(crate) fn next_runtime_id() -> u64 {
     NEXT.fetch_add(1, global::Ordering::Relaxed)
 }
 
+/// What torch's `MemPool(...)` constructor sets beside the pool ([`Runtime::mem_pool_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemPoolOptions {
+    /// torch's `use_on_oom`: default-pool mallocs that run out may take its cached blocks.
+    pub use_on_oom: bool,
+    /// torch_npu's `no_split`: its blocks are handed out whole.
+    pub no_split: bool,
+}
+
 /// A private pool of one device, held until dropped (torch's `MemPool`): dropping it releases
 /// it and gives its whole free segments back (its live blocks keep it until they are freed).
 #[must_use = "dropping a MemPool releases it at once"]
@@ -140,12 +149,29 @@ where
 
     /// torch's `torch.npu.MemPool()` on `device`: a private pool, held until the handle drops.
     pub fn mem_pool(&self, device: u32) -> Result<MemPool<'_, D>, RuntimeError<D::Error>> {
+        self.mem_pool_with(device, MemPoolOptions::default())
+    }
+
+    /// torch's `torch.npu.MemPool(use_on_oom=..., no_split=...)` on `device`.
+    pub fn mem_pool_with(
+        &self,
+        device: u32,
+        options: MemPoolOptions,
+    ) -> Result<MemPool<'_, D>, RuntimeError<D::Error>> {
         let id = self.create_pool(device)?;
-        Ok(MemPool {
+        // Dropped on an error below: released as any MemPool is.
+        let pool = MemPool {
             runtime: self,
             device,
             id,
-        })
+        };
+        if options.use_on_oom {
+            self.set_use_on_oom(device, id, true)?;
+        }
+        if options.no_split {
+            self.set_no_split(device, id)?;
+        }
+        Ok(pool)
     }
 
     /// A private pool on `device` with use count 1; give it back with
@@ -154,13 +180,29 @@ where
         Ok(self.caching(device)?.with(|a| a.create_pool())?)
     }
 
+    /// torch's `MemPool(use_on_oom=True)`, once the pool exists: while `on`, a malloc of
+    /// `device`'s default pools that gets no segment at its first attempt takes a cached block of
+    /// `pool` that fits before it releases anything (torch's `setUseOnOOM`).
+    pub fn set_use_on_oom(
+        &self,
+        device: u32,
+        pool: PoolId,
+        on: bool,
+    ) -> Result<(), RuntimeError<D::Error>> {
+        Ok(self.caching(device)?.with(|a| a.set_use_on_oom(pool, on))?)
+    }
+
+    /// torch_npu's `MemPool(no_split=True)`, once the pool exists: `pool` hands its blocks out
+    /// whole from now on (torch_npu's `setNoSplit`).
+    pub fn set_no_split(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
+        Ok(self.caching(device)?.with(|a| a.set_no_split(pool))?)
+    }
+
     /// Drops one hold on private pool `pool` of `device` and gives back its whole free segments
-    /// if nothing holds it any more (torch's `releasePool` and `emptyCache(pool)`).
+    /// if nothing holds it any more (torch's `~MemPool`: `setUseOnOOM(false)`, `releasePool` and
+    /// `emptyCache(pool)`).
     pub fn release_pool(&self, device: u32, pool: PoolId) -> Result<(), RuntimeError<D::Error>> {
-        let a = self.caching(device)?;
-        a.with(|a| a.release_pool(pool))?;
-        a.with(|a| a.empty_pool_cache(pool))
-            .map_err(RuntimeError::Device)
+        drop_pool(self.caching(device)?, pool)
     }
 
     /// torch's `use_mem_pool(pool)`: until the guard drops, this thread's allocations on the
@@ -398,16 +440,23 @@ fn log_drop_error(what: &str, e: &dyn core::fmt::Display) {
     warn_once(&format!("{what}: {e}"));
 }
 
+/// torch's `~MemPool` on one device: `use_on_oom` off, one hold dropped, then the pool's cache
+/// emptied (given back only if nothing holds it any more).
+fn drop_pool<D: Device>(a: &DeviceAllocator<D>, id: PoolId) -> Result<(), RuntimeError<D::Error>> {
+    a.with(|a| {
+        a.set_use_on_oom(id, false)?;
+        a.release_pool(id)
+    })?;
+    a.with(|a| a.empty_pool_cache(id))
+        .map_err(RuntimeError::Device)
+}
+
 impl<D: Device> Drop for MemPool<'_, D> {
     fn drop(&mut self) {
-        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(self.device) {
-            if let Err(e) = a.with(|a| a.release_pool(self.id)) {
-                log_drop_error("MemPool drop", &e);
-                return;
-            }
-            if let Err(e) = a.with(|a| a.empty_pool_cache(self.id)) {
-                log_drop_error("MemPool drop", &e);
-            }
+        if let Ok(Some(Entry::Caching(a))) = self.runtime.opened(self.device)
+            && let Err(e) = drop_pool(a, self.id)
+        {
+            log_drop_error("MemPool drop", &e);
         }
     }
 }

@@ -207,6 +207,42 @@ fn memory_summary_says_what_expandable_segments_hold() {
     rt.free(p).unwrap();
 }
 
+/// `MemPool(use_on_oom=True)`: a default malloc that runs out takes the pool's cached block;
+/// once the pool is dropped it no longer does (torch's `~MemPool` clears `use_on_oom` first).
+#[test]
+fn a_use_on_oom_pool_serves_default_mallocs_until_it_is_dropped() {
+    let rt = sim::runtime(1, 64 * MIB, Config::default());
+    let options = npu_runtime::MemPoolOptions {
+        use_on_oom: true,
+        no_split: true,
+    };
+    let pool = rt.mem_pool_with(0, options).unwrap();
+    let y = {
+        let _scope = rt.use_mem_pool(&pool).unwrap();
+        rt.malloc(20 * MIB, 0, S0).unwrap()
+    };
+    rt.free(y).unwrap();
+    let x = rt.malloc(30 * MIB, 0, S0).unwrap();
+    // 32 + 22 + 22 MiB is past 64: the pool's whole 22 MiB block serves the request.
+    assert_eq!(rt.malloc(20 * MIB, 0, S0).unwrap(), y);
+    let stats = rt.device_stats(0).unwrap();
+    assert_eq!(stats.num_alloc_retries, 0);
+    assert_eq!(
+        stats.allocated_bytes.all.current,
+        (30 * MIB + 512 + 22 * MIB) as i64
+    );
+    rt.free(y).unwrap();
+    // A pool scope holds it past the drop; use_on_oom went with the MemPool.
+    rt.begin_use_pool(0, pool.id()).unwrap();
+    let id = pool.id();
+    drop(pool);
+    // (From another thread: this one's mallocs go to the pool while its scope is open.)
+    let elsewhere = std::thread::scope(|s| s.spawn(|| rt.malloc(20 * MIB, 0, S0)).join()).unwrap();
+    assert!(elsewhere.unwrap_err().is_out_of_memory());
+    rt.end_use_pool(0, id).unwrap();
+    rt.free(x).unwrap();
+}
+
 #[test]
 fn mem_pools_route_this_threads_allocations_and_release_on_drop() {
     let rt = sim::runtime(2, 256 * MIB, Config::default());

@@ -129,7 +129,7 @@ impl Generator {
             OpKind::EndRegion | OpKind::Pool(PoolOp::End) => {
                 self.scopes.pop();
             }
-            OpKind::Pool(PoolOp::Create(ref name)) => self.pools.push((name.clone(), true)),
+            OpKind::Pool(PoolOp::Create { ref name, .. }) => self.pools.push((name.clone(), true)),
             OpKind::Pool(PoolOp::Release(ref name)) => {
                 if let Some(p) = self.pools.iter_mut().find(|p| p.0 == *name) {
                     p.1 = false;
@@ -164,7 +164,16 @@ impl Generator {
             }
             2 | 3 if matches!(self.scopes.last(), Some(None)) => OpKind::EndRegion,
             2 | 3 if matches!(self.scopes.last(), Some(Some(_))) => OpKind::Pool(PoolOp::End),
-            4 if held.len() < 4 => OpKind::Pool(PoolOp::Create(format!("p{}", self.pools.len()))),
+            4 if held.len() < 4 => {
+                // The options follow the pool's number, not the generator's stream, so that
+                // every seed draws what it drew before they existed.
+                let n = self.pools.len();
+                OpKind::Pool(PoolOp::Create {
+                    name: format!("p{n}"),
+                    use_on_oom: n % 3 == 1,
+                    no_split: n % 4 == 3,
+                })
+            }
             5 if shallow && !enterable.is_empty() => {
                 OpKind::Pool(PoolOp::Use(r.pick(&enterable).to_owned()))
             }

@@ -155,6 +155,10 @@ int main(void) {
   uint64_t pool = 0;
   CHECK(npu_alloc_mem_pool_create(0, &pool) == NpuAllocStatus_Ok);
   CHECK(pool == 1);
+  CHECK(npu_alloc_mem_pool_set_use_on_oom(0, pool, true) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_mem_pool_set_no_split(0, pool) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_mem_pool_set_use_on_oom(0, 99, true) == NpuAllocStatus_Refused);
+  CHECK(npu_alloc_mem_pool_set_no_split(0, 99) == NpuAllocStatus_Refused);
   CHECK(npu_alloc_mem_pool_begin(0, pool) == NpuAllocStatus_Ok);
   /* The pool object and the scope; a second scope of the same pool is refused, as in torch. */
   uint32_t holders = 0;
@@ -163,6 +167,10 @@ int main(void) {
   CHECK(npu_alloc_mem_pool_use_count(0, pool, NULL) == NpuAllocStatus_InvalidArgument);
   void *p = npu_alloc_malloc(4096, 0, NULL);
   CHECK(p != NULL);
+  /* no_split: the pool's 4 KiB allocation took its whole 2 MiB segment. */
+  void *whole = npu_alloc_malloc(4096, 0, NULL);
+  CHECK((char *)whole - (char *)p >= (2 << 20) || (char *)p - (char *)whole >= (2 << 20));
+  npu_alloc_free(whole, 4096, 0, NULL);
   CHECK(npu_alloc_mem_pool_end(0, pool) == NpuAllocStatus_Ok);
   CHECK(npu_alloc_mem_pool_end(0, pool) == NpuAllocStatus_Refused);
   npu_alloc_free(p, 4096, 0, NULL);
