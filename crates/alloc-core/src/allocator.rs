@@ -163,12 +163,11 @@ pub(crate) struct Request<S> {
     pub(crate) pool: PoolKind,
     /// The pool set it is served from (0: the default pools).
     pub(crate) set: PoolSet,
-    /// With `multi_stream_lazy_reclaim`: whether this malloc already polled the events at its
-    /// start (more than 512 were pending), so a miss does not poll them again (torch_npu's
-    /// `reaped`).
-    pub(crate) reaped: bool,
-    /// The segment size to ask the device for on a miss (torch's `alloc_size`): 0 until
-    /// `miss` computes it, under the same lock as the rounding.
+    /// The segment size to ask the device for on a miss (torch's `alloc_size`), which `miss`
+    /// computes, under the same lock as the rounding. Until then it holds torch_npu's `reaped`
+    /// as 0 or 1 (1: with `multi_stream_lazy_reclaim`, this malloc polled the events at its
+    /// start, so its miss does not poll them again): a field of its own made the hit path's
+    /// request larger, which cost 11 instructions a fenced pair (docs/performance.md).
     pub(crate) alloc_size: u64,
 }
 
@@ -227,6 +226,12 @@ pub struct Allocator<D: Device> {
     pub(crate) history: Option<alloc::boxed::Box<History<D::Stream>>>,
     /// What a malloc does before it releases cached memory ([`HostQueue`]).
     pub(crate) host_queue: crate::oom_retry::HostQueue,
+    /// With `multi_stream_lazy_reclaim`: the mallocs counted so far when a malloc last polled
+    /// the events at its start (torch_npu's `reaped`), taken by its miss. Kept here rather than
+    /// in the request, which the hit path builds: a field there cost it 11 instructions a
+    /// fenced pair (docs/performance.md). A malloc that polled and then hit counts one more, so
+    /// a later malloc's miss does not take it for its own.
+    pub(crate) reaped_at: Option<u128>,
     /// Inside [`Allocator::free_after_drain`]: the host's queue was just drained. A field, not
     /// a parameter of `free`: with `drained` passed down, the runtime's inlined hit pair
     /// compiled to more instructions (docs/performance.md).
@@ -272,6 +277,7 @@ impl<D: Device> Allocator<D> {
             saver: Saver::default(),
             history: None,
             host_queue: crate::oom_retry::HostQueue::None,
+            reaped_at: None,
             queue_drained: false,
             notices: Notices::new(),
         };
@@ -477,6 +483,9 @@ impl<D: Device> Allocator<D> {
     /// `reset_accumulated_memory_stats`.
     pub fn reset_accumulated_stats(&mut self) {
         self.stats.reset_accumulated();
+        // Its mark counts from the totals just reset (no malloc is between its start and its
+        // miss here, so none loses its own).
+        self.reaped_at = None;
     }
 
     /// The configuration in force (after notices such as unsupported expandable segments).

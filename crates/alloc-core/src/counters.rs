@@ -275,6 +275,12 @@ impl PoolCounters {
         (self.added[i], self.wraps[i], self.base[i]) = (c.added, c.wraps, c.base);
     }
 
+    /// The increases of both pools since the accumulated reset (off the hot path: it reads
+    /// every half).
+    pub(crate) fn increases(&self) -> u128 {
+        self.pool(0).total_added() + self.pool(1).total_added()
+    }
+
     /// The current value for all pools together.
     #[inline]
     pub(crate) fn all_current(&self) -> i64 {

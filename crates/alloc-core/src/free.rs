@@ -216,21 +216,30 @@ impl<D: Device> Allocator<D> {
     /// whether they were, under lazy reclaim (torch_npu's `reaped`: a miss then does not poll
     /// again).
     #[inline(always)]
-    pub(crate) fn reap_for_malloc(&mut self) -> Result<bool, D::Error> {
+    pub(crate) fn reap_for_malloc(&mut self) -> Result<(), D::Error> {
         if self.events.pending() == 0 {
-            return Ok(false);
+            return Ok(());
         }
         self.reap_pending()
     }
 
     #[inline(never)]
-    fn reap_pending(&mut self) -> Result<bool, D::Error> {
-        let lazy = self.conf.multi_stream_lazy_reclaim;
-        if lazy && self.events.pending() <= LAZY_QUERY_SIZE {
-            return Ok(false);
+    fn reap_pending(&mut self) -> Result<(), D::Error> {
+        if !self.conf.multi_stream_lazy_reclaim {
+            return self.poll_events();
+        }
+        if self.events.pending() <= LAZY_QUERY_SIZE {
+            return Ok(());
         }
         self.poll_events()?;
-        Ok(lazy)
+        self.reaped_at = Some(self.stats.allocation.increases());
+        Ok(())
+    }
+
+    /// Whether this malloc, now at its miss, polled the events at its start under lazy reclaim
+    /// (see [`Allocator::reaped_at`]); forgets it.
+    pub(crate) fn take_reaped(&mut self) -> bool {
+        self.reaped_at.take() == Some(self.stats.allocation.increases())
     }
 
     #[inline(never)]

@@ -134,7 +134,7 @@ impl<D: Device> Allocator<D> {
             return Err(AllocError::TooLarge { size });
         }
         let padded = size + self.facts.pad;
-        let reaped = self.reap_for_malloc().map_err(AllocError::Device)?;
+        self.reap_for_malloc().map_err(AllocError::Device)?;
         let rounded = if self.divides {
             size::round_size(padded, &self.conf)
         } else {
@@ -146,7 +146,6 @@ impl<D: Device> Allocator<D> {
             size: rounded,
             pool: PoolKind::for_size(rounded),
             set,
-            reaped,
             // Only a miss needs it: `miss` computes it.
             alloc_size: 0,
         }))

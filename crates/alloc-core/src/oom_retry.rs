@@ -99,13 +99,11 @@ impl<D: Device> Allocator<D> {
     /// start left pending polled and the pool searched again; then GC if enabled, then the first
     /// segment request.
     pub(crate) fn miss(&mut self, mut req: Request<D::Stream>) -> MallocStep<D::Error, D::Stream> {
-        if self.conf.multi_stream_lazy_reclaim && !req.reaped {
-            if let Err(e) = self.process_events() {
-                return MallocStep::Done(Err(AllocError::Device(e)));
-            }
-            if let Some(id) = self.get_free_block(&req) {
-                return MallocStep::Done(Ok(self.alloc_found_block(id, &req)));
-            }
+        if self.conf.multi_stream_lazy_reclaim
+            && !self.take_reaped()
+            && let Some(done) = self.reap_and_search(&req)
+        {
+            return MallocStep::Done(done);
         }
         req.alloc_size = crate::size::allocation_size(req.size, &self.conf);
         if self.limits_pending() {
@@ -132,6 +130,21 @@ impl<D: Device> Allocator<D> {
             }
         }
         self.request_segment(req, Stage::First)
+    }
+
+    /// Lazy reclaim's step at a miss: poll the events, then search the pool again; the malloc's
+    /// end if that found a block (or the poll failed). Out of line: the hit path inlines `miss`'s
+    /// caller, and the search and hand-out it would inline here are large.
+    #[inline(never)]
+    fn reap_and_search(
+        &mut self,
+        req: &Request<D::Stream>,
+    ) -> Option<Result<u64, AllocError<D::Error>>> {
+        if let Err(e) = self.process_events() {
+            return Some(Err(AllocError::Device(e)));
+        }
+        let id = self.get_free_block(req)?;
+        Some(Ok(self.alloc_found_block(id, req)))
     }
 
     /// What to do before cached memory is given back from inside a malloc ([`HostQueue`]).
@@ -265,6 +278,7 @@ impl<D: Device> Allocator<D> {
     /// past the configured `per_process_memory_fraction` of it (the configuration's value, not a
     /// fraction set later with `set_per_process_memory_fraction`) is refused, counted and
     /// noticed once. The refusal ends the malloc: no release, no retry, no OOM count or entry.
+    #[inline(never)]
     fn reject(&mut self, req: &Request<D::Stream>) -> Result<Option<Rejection>, D::Error> {
         let device_total = self.device.mem_info()?.total;
         let fraction = self.conf.per_process_memory_fraction;
@@ -297,6 +311,7 @@ impl<D: Device> Allocator<D> {
         // torch's `try_mempool_fallback` releases nothing: it comes before the host queue's
         // synchronize.
         if stage == Stage::First
+            && self.pools.use_on_oom
             && let Some(addr) = self.use_on_oom_fallback(&req)
         {
             return MallocStep::Done(Ok(addr));

@@ -166,6 +166,12 @@ impl<S> Pools<S> {
         self.private.get(slot)?.as_ref()
     }
 
+    /// Whether pool set `set` splits no block (torch_npu's `no_split_pools`).
+    #[inline(never)]
+    pub(crate) fn no_split(&self, set: PoolSet) -> bool {
+        self.private(set).is_some_and(|p| p.no_split)
+    }
+
     /// The private pool of set `set`, mutably.
     pub(crate) fn private_mut(&mut self, set: PoolSet) -> Option<&mut PrivatePool<S>> {
         let slot = usize::from(set).checked_sub(1)?;
@@ -343,22 +349,18 @@ impl<D: crate::Device> crate::Allocator<D> {
         Ok(())
     }
 
-    /// Whether pool set `set` splits no block (torch_npu's `no_split_pools`).
-    #[inline(never)]
-    pub(crate) fn is_no_split_set(&self, set: PoolSet) -> bool {
-        self.pools.private(set).is_some_and(|p| p.no_split)
-    }
-
     /// torch's `try_mempool_fallback`, after the first segment request of a default-pool malloc
     /// failed: the first `use_on_oom` pool, in creation order, with a cached block that fits
     /// serves the request (its block stays that pool's). torch walks a hash set, whose order
     /// cannot be known; a pool a scope allocates to is passed over where torch would raise
     /// "already recording" out of the malloc (docs/deviations.md).
+    // Out of line, as the search and hand-out it inlines are large (see `reap_and_search`).
+    #[inline(never)]
     pub(crate) fn use_on_oom_fallback(
         &mut self,
         req: &crate::allocator::Request<D::Stream>,
     ) -> Option<u64> {
-        if !self.pools.use_on_oom || req.set != 0 {
+        if req.set != 0 {
             return None;
         }
         let sets: Vec<PoolSet> = self

@@ -48,16 +48,16 @@ impl<D: Device> Allocator<D> {
         // saver's pools are.
         let expandable =
             self.conf.expandable_segments && !(req.set != 0 && self.is_saver_set(req.set));
-        // torch_npu's `no_split` pools hand their blocks out whole.
-        let no_split = req.set != 0 && self.is_no_split_set(req.set);
         let block = &mut self.blocks[id];
         let already_split = block.is_split();
         // torch leaves blocks of expandable segments out of `inactive_split`.
         let counted = !block.is_expandable();
         // A block taken whole keeps the one reference to its record (no second lookup in the
         // slab); a split relinks the segment and looks the front up again.
-        let split =
-            should_split(pool, block.size, size, self.conf.max_split_size, expandable) && !no_split;
+        let split = should_split(pool, block.size, size, self.conf.max_split_size, expandable)
+                // torch_npu's `no_split` pools hand their blocks out whole: asked only of a
+                // block that would split, so that a block taken whole asks nothing.
+                && (req.set == 0 || !self.pools.no_split(req.set));
         let block = if split {
             self.split_front(id, size, pool, already_split, counted);
             &mut self.blocks[id]

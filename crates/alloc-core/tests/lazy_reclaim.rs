@@ -115,3 +115,22 @@ fn a_malloc_that_polled_at_its_start_does_not_poll_again_at_its_miss() {
     check_consistency(&reaped);
     check_consistency(&not_reaped);
 }
+
+/// The `reaped` mark is the malloc's own: one that polled at its start and then hit leaves
+/// nothing for the next malloc, whose miss polls.
+#[test]
+fn a_malloc_that_polled_and_hit_leaves_the_next_misses_poll() {
+    let mut a = npu(GIB, &conf("multi_stream_lazy_reclaim:True"));
+    let done = pending_frees(&mut a, 213, &[S1]);
+    a.device_mut().complete_all();
+    pending_frees(&mut a, 300, &[S1]);
+    assert_eq!(a.pending_events(), 513);
+    // Polled at the start: 213 complete, the 214th query finds the first incomplete one.
+    assert_eq!(a.malloc(1000, S0).unwrap(), done[0]);
+    assert_eq!(a.device().event_done_calls(), 214);
+    assert_eq!(a.pending_events(), 300);
+    // 300 pending: not polled at the start; the miss polls once (one stream, none complete).
+    a.malloc(4 * MIB, S0).unwrap();
+    assert_eq!(a.device().event_done_calls(), 215);
+    check_consistency(&a);
+}
