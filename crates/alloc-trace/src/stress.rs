@@ -149,7 +149,7 @@ impl StressParams {
 
 /// The configurations that change the policy, each a (name, alloc-conf string) pair: the ones
 /// `cargo xtask stress` runs when no `--conf` is given.
-pub const VARIANTS: [(&str, &str); 6] = [
+pub const VARIANTS: [(&str, &str); 7] = [
     ("defaults", ""),
     ("max_split_size_mb", "max_split_size_mb:40"),
     (
@@ -162,6 +162,10 @@ pub const VARIANTS: [(&str, &str); 6] = [
         "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8",
     ),
     ("expandable_segments", "expandable_segments:True"),
+    (
+        "lazy_reclaim+throw_on_oom",
+        "multi_stream_lazy_reclaim:True,throw_on_npumalloc_oom:True",
+    ),
 ];
 
 /// A failed stress run: how to reproduce it, and the shrunk operations that still fail.

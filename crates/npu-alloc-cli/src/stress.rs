@@ -135,7 +135,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 fn print_report(name: &str, r: &Report, elapsed: Duration) {
     let c = &r.counts;
     say!(
-        "{name:<26} {} ops, {} allocs, {} OOMs, {} refused (>= 1 EiB), {} misuses, \
+        "{name:<26} {} ops, {} allocs, {} OOMs, {}{} refused (>= 1 EiB), {} misuses, \
          {} faults ({} fired: {} device errors, {} absorbed), {} device mallocs, {} device frees, \
          {} pauses ({} out of host memory), {} resumes ({} out of memory), \
          {} allocations refused while paused, \
@@ -143,6 +143,11 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
         c.ops,
         c.allocs,
         c.ooms,
+        if c.rejections > 0 {
+            format!("{} rejected (throw_on_npumalloc_oom), ", c.rejections)
+        } else {
+            String::new()
+        },
         c.refused,
         c.misuses,
         c.faults_scheduled,
