@@ -155,6 +155,17 @@ class Errors(unittest.TestCase):
         with self.assertRaises(npu_alloc.OutOfMemoryError) as e:
             npu_alloc.malloc(big)
         self.assertIn("NPU out of memory", str(e.exception))
+        # torch_npu's throw_on_npumalloc_oom, a run-time setting: refused before the device is
+        # asked, with its own message and counter.
+        rejected = npu_alloc.memory_stats()["num_oom_rejections"]
+        npu_alloc.set_allocator_settings("throw_on_npumalloc_oom:True")
+        try:
+            with self.assertRaises(npu_alloc.OutOfMemoryError) as e:
+                npu_alloc.malloc(big)
+            self.assertIn("Allocation was preemptively rejected", str(e.exception))
+            self.assertEqual(npu_alloc.memory_stats()["num_oom_rejections"], rejected + 1)
+        finally:
+            npu_alloc.set_allocator_settings("throw_on_npumalloc_oom:False")
 
 
 @needs_fake
