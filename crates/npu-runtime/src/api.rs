@@ -235,10 +235,11 @@ where
     }
 
     /// torch's `torch.npu.memory._set_allocator_settings(settings)`: changes
-    /// `expandable_segments`, `max_split_size_mb`, `max_non_split_rounding_mb` or
-    /// `release_lock_on_npumalloc` while the allocator runs (`per_process_memory_fraction` is
-    /// read but, as in torch_npu, changes no device's limit: `set_per_process_memory_fraction`
-    /// does),
+    /// `expandable_segments`, `max_split_size_mb`, `max_non_split_rounding_mb`,
+    /// `release_lock_on_npumalloc` or `throw_on_npumalloc_oom` while the allocator runs
+    /// (`per_process_memory_fraction` is read but, as in torch_npu, changes no device's limit,
+    /// which `set_per_process_memory_fraction` does: only the rejection bound of
+    /// `throw_on_npumalloc_oom`),
     /// on every device (read on top of each device's configuration, and of the runtime's for
     /// devices opened later). As in torch_npu, `max_split_size_mb`, `roundup_power2_divisions`
     /// and `garbage_collection_threshold` go back to their defaults unless the string sets them
