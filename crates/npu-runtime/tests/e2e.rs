@@ -25,6 +25,18 @@ fn platform_and_runtime(fake: &FakeAcl, config: Config) -> (AclPlatform, NpuAllo
     (platform.clone(), platform.runtime(config))
 }
 
+/// A runtime over `fake` (device 0 bound), a second stream on it, and a 1,000-byte allocation
+/// recorded on that stream: what a test of a free that waits on an event starts from.
+fn allocation_used_on_a_side_stream(fake: &FakeAcl) -> (AclPlatform, NpuAllocator, Stream, u64) {
+    let (platform, rt) = platform_and_runtime(fake, Config::default());
+    let lib = platform.lib();
+    lib.set_device(0).unwrap();
+    let side = Stream::from(lib.create_stream().unwrap());
+    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
+    rt.record_stream(a, side).unwrap();
+    (platform, rt, side, a)
+}
+
 fn stat(rt: &NpuAllocator, key: &str) -> i64 {
     rt.memory_stats(0)
         .unwrap()
@@ -186,12 +198,7 @@ fn empty_cache_synchronizes_then_frees_each_segment() {
 /// back to the pool. `query` is the symbol the runtime must poll with.
 fn record_stream_waits_for_the_event(variant: Variant, query: &str, malloc: &str, create: &str) {
     let fake = FakeAcl::new(variant, 1 << 30, 1);
-    let (platform, rt) = platform_and_runtime(&fake, Config::default());
-    let lib = platform.lib();
-    lib.set_device(0).unwrap();
-    let side = Stream::from(lib.create_stream().unwrap());
-    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
-    rt.record_stream(a, side).unwrap();
+    let (platform, rt, side, a) = allocation_used_on_a_side_stream(&fake);
     rt.free(a).unwrap();
     assert_eq!(fake.calls(create), 1);
     assert_eq!(fake.calls("aclrtRecordEvent"), 1);
@@ -303,12 +310,7 @@ fn record_stream_polls_query_event_status() {
 #[test]
 fn a_failed_event_record_synchronizes_and_destroys_the_event() {
     let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
-    let (platform, rt) = platform_and_runtime(&fake, Config::default());
-    let lib = platform.lib();
-    lib.set_device(0).unwrap();
-    let side = Stream::from(lib.create_stream().unwrap());
-    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
-    rt.record_stream(a, side).unwrap();
+    let (platform, rt, side, a) = allocation_used_on_a_side_stream(&fake);
     fake.fail_next("aclrtRecordEvent", 507_899, 1);
     let syncs = fake.calls("aclrtSynchronizeDevice");
     rt.free(a).unwrap();
@@ -331,12 +333,7 @@ fn a_failed_event_record_synchronizes_and_destroys_the_event() {
 #[test]
 fn a_runtime_dropped_after_a_failed_synchronize_destroys_its_pending_events() {
     let fake = FakeAcl::new(Variant::Full, 1 << 30, 1);
-    let (platform, rt) = platform_and_runtime(&fake, Config::default());
-    let lib = platform.lib();
-    lib.set_device(0).unwrap();
-    let side = Stream::from(lib.create_stream().unwrap());
-    let a = rt.malloc(1000, 0, Stream::DEFAULT).unwrap();
-    rt.record_stream(a, side).unwrap();
+    let (platform, rt, _side, a) = allocation_used_on_a_side_stream(&fake);
     rt.free(a).unwrap();
     assert_eq!(fake.pending_events(), 1);
     assert_eq!(fake.live_events(), 1);

@@ -1534,7 +1534,8 @@ pub unsafe extern "C" fn aclrtMemGetAllocationGranularity(
 const DEFAULT_CANN_VERSION: &str = "8.5.0";
 /// The driver version it reports until a test sets another.
 const DEFAULT_DRIVER_VERSION: &str = "25.5.0";
-/// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT`.
+/// `ACL_ERROR_RT_FEATURE_NOT_SUPPORT` (only `aclsysGetCANNVersion` answers it).
+#[cfg(not(feature = "legacy-cann"))]
 const ACL_ERROR_RT_FEATURE_NOT_SUPPORT: AclCode = 207_000;
 
 /// `aclsysGetCANNVersion(name, &version)`: the CANN package (0) and the driver (7) report what
