@@ -508,13 +508,17 @@ mod tests {
             Config::default(),
         );
         let pool = rt.create_pool(0).unwrap();
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                rt.begin_use_pool(0, pool).unwrap();
-                rt.begin_region(0, "kv", false).unwrap();
-                assert_eq!(rt.open_scopes.load(Ordering::Relaxed), 2);
-            });
-        });
+        // A joined thread, not a scoped one: a scope may end before the thread's thread-locals
+        // are destroyed, `join` waits for the thread's exit.
+        let rt = std::sync::Arc::new(rt);
+        let theirs = rt.clone();
+        std::thread::spawn(move || {
+            theirs.begin_use_pool(0, pool).unwrap();
+            theirs.begin_region(0, "kv", false).unwrap();
+            assert_eq!(theirs.open_scopes.load(Ordering::Relaxed), 2);
+        })
+        .join()
+        .unwrap();
         assert_eq!(rt.open_scopes.load(Ordering::Relaxed), 0);
         assert_eq!(rt.pool_use_count(0, pool).unwrap(), 2);
         // Still entered, as torch's `beginAllocateToPool` finds it ("already recording").
