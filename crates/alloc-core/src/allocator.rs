@@ -163,11 +163,8 @@ pub(crate) struct Request<S> {
     pub(crate) pool: PoolKind,
     /// The pool set it is served from (0: the default pools).
     pub(crate) set: PoolSet,
-    /// The segment size to ask the device for on a miss (torch's `alloc_size`), which `miss`
-    /// computes, under the same lock as the rounding. Until then it holds torch_npu's `reaped`
-    /// as 0 or 1 (1: with `multi_stream_lazy_reclaim`, this malloc polled the events at its
-    /// start, so its miss does not poll them again): a field of its own made the hit path's
-    /// request larger, which cost 11 instructions a fenced pair (docs/performance.md).
+    /// The segment size to ask the device for on a miss (torch's `alloc_size`): 0 until
+    /// `miss` computes it, under the same lock as the rounding.
     pub(crate) alloc_size: u64,
 }
 
@@ -550,9 +547,6 @@ impl<D: Device> Allocator<D> {
 /// segments go with whatever the owner does with the device.
 impl<D: Device> Drop for Allocator<D> {
     fn drop(&mut self) {
-        if self.events.pending() == 0 {
-            return;
-        }
         for (event, _) in self.events.take_all() {
             self.device.release_event(event);
         }

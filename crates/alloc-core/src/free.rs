@@ -212,8 +212,8 @@ impl<D: Device> Allocator<D> {
     }
 
     /// `process_events` at the start of a malloc. With `multi_stream_lazy_reclaim` (torch_npu)
-    /// the events are polled only while more than [`LAZY_QUERY_SIZE`] are pending; returns
-    /// whether they were, under lazy reclaim (torch_npu's `reaped`: a miss then does not poll
+    /// the events are polled only while more than [`LAZY_QUERY_SIZE`] are pending, and a poll
+    /// then is marked in `reaped_at` (torch_npu's `reaped`: the malloc's miss does not poll
     /// again).
     #[inline(always)]
     pub(crate) fn reap_for_malloc(&mut self) -> Result<(), D::Error> {

@@ -234,6 +234,11 @@ impl<S> Pools<S> {
         while matches!(self.private.last(), Some(None)) {
             self.private.pop();
         }
+        self.count_use_on_oom();
+    }
+
+    /// Sets `use_on_oom` from the live pools (after one is marked, unmarked or forgotten).
+    fn count_use_on_oom(&mut self) {
         self.use_on_oom = self.private.iter().flatten().any(|p| p.use_on_oom);
     }
 
@@ -337,7 +342,7 @@ impl<D: crate::Device> crate::Allocator<D> {
     /// passed over.
     pub fn set_use_on_oom(&mut self, id: PoolId, on: bool) -> Result<(), PoolError> {
         self.private_pool_mut(id)?.use_on_oom = on;
-        self.pools.use_on_oom = self.pools.private.iter().flatten().any(|p| p.use_on_oom);
+        self.pools.count_use_on_oom();
         Ok(())
     }
 
@@ -351,9 +356,9 @@ impl<D: crate::Device> crate::Allocator<D> {
 
     /// torch's `try_mempool_fallback`, after the first segment request of a default-pool malloc
     /// failed: the first `use_on_oom` pool, in creation order, with a cached block that fits
-    /// serves the request (its block stays that pool's). torch walks a hash set, whose order
-    /// cannot be known; a pool a scope allocates to is passed over where torch would raise
-    /// "already recording" out of the malloc (docs/deviations.md).
+    /// serves the request (its block stays that pool's). torch walks the slots of a hash set
+    /// instead, and raises "already recording" out of the malloc where a pool a scope allocates
+    /// to is passed over here (docs/deviations.md).
     // Out of line, as the search and hand-out it inlines are large (see `reap_and_search`).
     #[inline(never)]
     pub(crate) fn use_on_oom_fallback(

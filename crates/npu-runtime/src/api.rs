@@ -656,21 +656,20 @@ where
         if observers.is_empty() {
             return;
         }
-        let run = {
-            let rejection = rejection.clone();
+        // Made twice where the thread cannot start: `spawn` consumes the first.
+        let run = || {
+            let (observers, rejection) = (observers.clone(), rejection.clone());
             move || {
                 for observer in &observers {
                     observer(&rejection);
                 }
             }
         };
-        let shared = std::sync::Arc::new(std::sync::Mutex::new(Some(run)));
-        let theirs = shared.clone();
         let spawned = std::thread::Builder::new()
             .name("npu-alloc-oom-rejection".into())
-            .spawn(move || take_and_run(&theirs));
+            .spawn(run());
         if spawned.is_err() {
-            take_and_run(&shared);
+            run()();
         }
     }
 
@@ -712,13 +711,5 @@ impl<D: Device> std::fmt::Debug for Runtime<D> {
             .field("opened", &opened)
             .field("config", &self.config)
             .finish()
-    }
-}
-
-/// Runs the closure left in `slot`, once, by whichever thread gets it.
-fn take_and_run(slot: &std::sync::Mutex<Option<impl FnOnce()>>) {
-    let run = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
-    if let Some(run) = run {
-        run();
     }
 }
