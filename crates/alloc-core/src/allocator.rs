@@ -14,7 +14,7 @@ use crate::address_index::AddressIndex;
 use crate::block::{BlockId, Blocks};
 use crate::counters::Counters;
 use crate::device::Device;
-use crate::error::FractionError;
+use crate::error::{FractionError, Rejection};
 use crate::expandable::{ExpandableSegment, Parked};
 use crate::history::History;
 use crate::memory_saver::Saver;
@@ -111,8 +111,8 @@ pub enum Notice {
     /// CANN 8.1.RC1 and driver 25.0.RC1 or later): it runs as if unset, as torch_npu does.
     PageSize1gUnsupported,
     /// `throw_on_npumalloc_oom:True` refused a segment for the first time (torch_npu's
-    /// warn-once; the error of each refused malloc has the numbers).
-    OomRejection,
+    /// warn-once, with that first refusal's numbers; each refused malloc's error has its own).
+    OomRejection(Rejection),
 }
 
 impl Notice {
@@ -122,7 +122,8 @@ impl Notice {
 
 impl core::fmt::Display for Notice {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
+        let text = match self {
+            Notice::OomRejection(r) => return r.fmt_warning(f),
             Notice::GcWithoutMemInfo => {
                 "garbage_collection_threshold is ignored until the device reports its total memory (mem_get_info failed); it is asked again at the next cache miss"
             }
@@ -138,10 +139,8 @@ impl core::fmt::Display for Notice {
             Notice::PageSize1gUnsupported => {
                 "The application for 1G large-page physical memory failed: page_size:1g is ignored (segments and expandable pages are sized as without it), because 1G large pages need CANN 8.1.RC1 and a driver (HDK) of 25.0.RC1 or later, and the versions found are older or could not be read. Please upgrade the CANN and driver packages."
             }
-            Notice::OomRejection => {
-                "Preemptively rejecting an allocation: total_allocated_memory + requested size would exceed the memory limit (per_process_memory_fraction of the device's total). Set throw_on_npumalloc_oom:False to disable this behavior."
-            }
-        })
+        };
+        f.write_str(text)
     }
 }
 
@@ -303,7 +302,13 @@ impl<D: Device> Allocator<D> {
 
     /// Records `n` once.
     pub(crate) fn notice(&mut self, n: Notice) {
-        if !self.notices.contains(&n) {
+        // One of each kind: a notice that carries numbers keeps its first occurrence's.
+        let kind = core::mem::discriminant(&n);
+        if !self
+            .notices
+            .iter()
+            .any(|m| core::mem::discriminant(m) == kind)
+        {
             // Cannot fail: there are `Notice::KINDS` kinds and each is stored at most once.
             let _ = self.notices.push(n);
         }

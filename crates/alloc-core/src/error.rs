@@ -87,7 +87,7 @@ impl fmt::Display for OutOfMemory {
 
 /// A segment refused by `throw_on_npumalloc_oom` before the device was asked (torch_npu's
 /// `OomRejectionInfo`): the malloc failed at once, with no retry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rejection {
     /// Device index.
     pub device: u32,
@@ -101,6 +101,57 @@ pub struct Rejection {
     pub limit: u64,
     /// The device's total memory, as reported for the check.
     pub device_total: u64,
+}
+
+impl Rejection {
+    /// torch_npu's warn-once text for the first rejection (`Notice::OomRejection`). The
+    /// percentage is the limit's share of the device's total, printed as C++ prints the
+    /// configured fraction × 100 (six significant digits): the two differ by less than a byte's
+    /// share.
+    pub(crate) fn fmt_warning(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let percent = if self.device_total == 0 {
+            0.0
+        } else {
+            self.limit as f64 * 100.0 / self.device_total as f64
+        };
+        write!(
+            f,
+            "Preemptively rejecting allocation of {} on NPU {}: total_allocated_memory ({}) + \
+             requested size would exceed memory limit ({} = ",
+            FormatSize(self.alloc_size),
+            self.device,
+            FormatSize(self.total_allocated),
+            FormatSize(self.limit),
+        )?;
+        write_six_significant(f, percent)?;
+        write!(
+            f,
+            "% of {}). Set throw_on_npumalloc_oom:False to disable this behavior.",
+            FormatSize(self.device_total)
+        )
+    }
+}
+
+/// `x` (0 to 100) as C++'s `ostream` writes a double by default (`%g`, precision 6): six
+/// significant digits, trailing zeros and a bare point dropped.
+fn write_six_significant(f: &mut fmt::Formatter<'_>, x: f64) -> fmt::Result {
+    // One decimal fewer per digit before the point past the first, one more per leading zero.
+    let (mut decimals, mut scaled) = (5usize, x);
+    while scaled >= 10.0 && decimals > 0 {
+        scaled /= 10.0;
+        decimals -= 1;
+    }
+    while scaled > 0.0 && scaled < 1.0 && decimals < 20 {
+        scaled *= 10.0;
+        decimals += 1;
+    }
+    let text = alloc::format!("{x:.decimals$}");
+    let text = if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        &text
+    };
+    f.write_str(text)
 }
 
 impl fmt::Display for Rejection {
@@ -244,6 +295,29 @@ impl core::error::Error for FractionError {}
 mod tests {
     use super::*;
     use alloc::string::ToString;
+
+    #[test]
+    fn percentages_print_as_cpp_streams_a_double() {
+        struct Pct(f64);
+        impl fmt::Display for Pct {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write_six_significant(f, self.0)
+            }
+        }
+        let cases = [
+            (80.0, "80"),
+            (100.0 / 3.0, "33.3333"),
+            (50.0 / 9.0, "5.55556"),
+            (100.0, "100"),
+            (0.5, "0.5"),
+            (0.0123456789, "0.0123457"),
+            (99.99999996, "100"),
+            (0.0, "0"),
+        ];
+        for (x, text) in cases {
+            assert_eq!(Pct(x).to_string(), text, "{x}");
+        }
+    }
 
     #[test]
     fn format_size_boundaries() {

@@ -288,15 +288,16 @@ impl<D: Device> Allocator<D> {
             return Ok(None);
         }
         self.stats.num_oom_rejections += 1;
-        self.notice(Notice::OomRejection);
-        Ok(Some(Rejection {
+        let rejection = Rejection {
             device: self.facts.index,
             requested: req.requested,
             alloc_size: req.alloc_size,
             total_allocated: self.total_allocated,
             limit,
             device_total,
-        }))
+        };
+        self.notice(Notice::OomRejection(rejection));
+        Ok(Some(rejection))
     }
 
     /// The chain after the `alloc_block` at `stage` got no segment (`error`: the device's error

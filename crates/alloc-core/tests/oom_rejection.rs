@@ -54,11 +54,19 @@ fn a_rejected_segment_fails_the_malloc_without_releasing_the_cache() {
         assert_eq!(stat(&a, "num_alloc_retries"), 0);
         assert_eq!(stat(&a, "num_sync_all_streams"), 0);
         assert_eq!(stat(&a, "reserved_bytes.all.current"), (84 * MIB) as i64);
-        assert_eq!(a.notices(), &[Notice::OomRejection]);
-        // Noticed once; counted each time; reset with the accumulated stats.
-        assert!(a.malloc(20 * MIB, S0).is_err());
+        assert_eq!(a.notices(), &[Notice::OomRejection(rejection)]);
+        // torch_npu's TORCH_NPU_WARN_ONCE text, with the segment's size (not the request's).
+        assert_eq!(
+            a.notices()[0].to_string(),
+            "Preemptively rejecting allocation of 22.00 MiB on NPU 0: total_allocated_memory \
+             (84.00 MiB) + requested size would exceed memory limit (100.00 MiB = 100% of \
+             100.00 MiB). Set throw_on_npumalloc_oom:False to disable this behavior."
+        );
+        // Noticed once, with the first rejection's numbers; counted each time; reset with the
+        // accumulated stats.
+        assert!(a.malloc(30 * MIB, S0).is_err());
         assert_eq!(stat(&a, "num_oom_rejections"), 2);
-        assert_eq!(a.notices(), &[Notice::OomRejection]);
+        assert_eq!(a.notices(), &[Notice::OomRejection(rejection)]);
         a.reset_accumulated_stats();
         assert_eq!(stat(&a, "num_oom_rejections"), 0);
         check_consistency(&a);
