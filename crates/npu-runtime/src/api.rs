@@ -658,7 +658,7 @@ where
         }
         // Made twice where the thread cannot start: `spawn` consumes the first.
         let run = || {
-            let (observers, rejection) = (observers.clone(), rejection.clone());
+            let (observers, rejection) = (observers.clone(), *rejection);
             move || {
                 for observer in &observers {
                     observer(&rejection);
