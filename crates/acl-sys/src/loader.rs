@@ -1,7 +1,8 @@
 //! Finding and opening `libascendcl.so` at run time (it is never linked at build time).
 //!
 //! The search order is a pure function of an environment lookup, [`candidate_paths`], so it can
-//! be tested without touching the process environment. Loading tries the candidates in order
+//! be tested without touching the process environment; the search also takes a copy the
+//! process has already loaded, before any install directory ([`Lib::search_with_env`]). Loading tries the candidates in order
 //! and stops at the first one `dlopen` accepts: that library is then checked for the required
 //! symbols ([`crate::REQUIRED_SYMBOLS`]) and is either the result or an
 //! [`AclError::MissingSymbols`]; it never falls through to a later candidate. When no candidate
@@ -132,6 +133,52 @@ unsafe fn open(candidate: &Path) -> core::result::Result<(Library, PathBuf), Loa
     }
 }
 
+/// Opens the first of `candidates` that opens, noting each failure in `searched`; `None` when
+/// none opened.
+///
+/// # Safety
+/// Every candidate must be a `libascendcl` (or a faithful stand-in), as for [`Lib::load`].
+unsafe fn try_each<I>(candidates: I, searched: &mut Vec<LoadAttempt>) -> Option<Result<Lib>>
+where
+    I: IntoIterator,
+    I::Item: AsRef<Path>,
+{
+    for candidate in candidates {
+        // SAFETY: the caller vouches for every candidate.
+        match unsafe { open(candidate.as_ref()) } {
+            // SAFETY: the opened library is a libascendcl by the caller's promise, so its
+            // symbols have the signatures the table declares.
+            Ok((library, path)) => return Some(unsafe { Lib::from_library(library, path) }),
+            Err(attempt) => searched.push(attempt),
+        }
+    }
+    None
+}
+
+/// What a failed probe for an already loaded library is listed as in [`AclError::NotFound`].
+pub(crate) const NOT_LOADED: &str = "not loaded by this process";
+
+/// A new handle to `name` if the process has already loaded a library of that file name or
+/// soname (`dlopen` with `RTLD_NOLOAD`): nothing is loaded and no initialiser runs.
+fn open_loaded(name: &str) -> core::result::Result<Library, LoadAttempt> {
+    let attempt = |error: String| LoadAttempt {
+        path: PathBuf::from(format!("{name} (already loaded)")),
+        error,
+    };
+    // SAFETY: with RTLD_NOLOAD, dlopen only returns a new reference to a library that is
+    // already loaded, whose initialisers have run: no code runs.
+    match unsafe {
+        libloading::os::unix::Library::open(
+            Some(name),
+            libloading::os::unix::RTLD_NOW | libc::RTLD_NOLOAD,
+        )
+    } {
+        Ok(library) => Ok(library.into()),
+        // glibc's dlerror for a library that is not loaded is empty or the file's own error.
+        Err(_) => Err(attempt(NOT_LOADED.to_owned())),
+    }
+}
+
 impl Lib {
     /// Loads the library at exactly `path` (a file, or a directory holding `libascendcl.so`).
     /// A path without a `/` goes through the system loader's search.
@@ -162,16 +209,11 @@ impl Lib {
         I::Item: AsRef<Path>,
     {
         let mut searched = Vec::new();
-        for candidate in candidates {
-            // SAFETY: the caller vouches for every candidate.
-            match unsafe { open(candidate.as_ref()) } {
-                // SAFETY: the opened library is a libascendcl by the caller's promise, so its
-                // symbols have the signatures the table declares.
-                Ok((library, path)) => return unsafe { Lib::from_library(library, path) },
-                Err(attempt) => searched.push(attempt),
-            }
+        // SAFETY: forwarded to the caller.
+        match unsafe { try_each(candidates, &mut searched) } {
+            Some(found) => found,
+            None => Err(AclError::NotFound { searched }),
         }
-        Err(AclError::NotFound { searched })
     }
 
     /// Searches [`candidate_paths`] of the process environment: the installed driver, where the
@@ -183,7 +225,11 @@ impl Lib {
         unsafe { Lib::search_with_env(None, |name| std::env::var_os(name)) }
     }
 
-    /// Searches [`candidate_paths`] with `explicit` first and `env` as the environment.
+    /// Searches [`candidate_paths`] with `explicit` first and `env` as the environment. Right
+    /// after the paths the caller and the operator name (`explicit`, `$NPU_ALLOC_ACL_LIB`), a
+    /// `libascendcl.so` the process has already loaded (torch_npu's, found through
+    /// `LD_LIBRARY_PATH`) is taken before any install directory: a second copy from another
+    /// CANN install would be a second ACL runtime in the process, with contexts of its own.
     ///
     /// # Safety
     /// Every path `explicit` and `env` lead to must be a `libascendcl` (or a faithful stand-in),
@@ -192,8 +238,26 @@ impl Lib {
     where
         F: Fn(&str) -> Option<OsString>,
     {
+        let chosen = usize::from(explicit.is_some())
+            + usize::from(env(LIB_ENV_VAR).is_some_and(|v| !v.is_empty()));
+        let candidates = candidate_paths(explicit, env);
+        let (named, searched_for) = candidates.split_at(chosen.min(candidates.len()));
+        let mut searched = Vec::new();
         // SAFETY: forwarded to the caller.
-        unsafe { Lib::load_first(candidate_paths(explicit, env)) }
+        if let Some(found) = unsafe { try_each(named, &mut searched) } {
+            return found;
+        }
+        match open_loaded(LIB_NAME) {
+            // SAFETY: a library loaded under the runtime's file name is the process's
+            // libascendcl, trusted as the system loader's search is (module doc).
+            Ok(library) => return unsafe { Lib::from_library(library, PathBuf::from(LIB_NAME)) },
+            Err(attempt) => searched.push(attempt),
+        }
+        // SAFETY: forwarded to the caller.
+        match unsafe { try_each(searched_for, &mut searched) } {
+            Some(found) => found,
+            None => Err(AclError::NotFound { searched }),
+        }
     }
 
     /// The process-wide library, searched for once ([`Lib::search`] with no explicit path) and
@@ -442,11 +506,30 @@ mod tests {
         // trusted as `Lib::search` trusts them.
         match unsafe { Lib::search_with_env(None, &env) } {
             Err(AclError::NotFound { searched }) => {
+                // The override, then the probe for a copy already loaded, then the rest.
+                let probe = searched[1].clone();
+                assert_eq!(probe.path, Path::new("libascendcl.so (already loaded)"));
+                assert_eq!(probe.error, NOT_LOADED);
                 let tried: Vec<_> = searched.into_iter().map(|a| a.path).collect();
-                assert_eq!(tried, expected);
+                let mut want = expected.clone();
+                want.insert(1, probe.path);
+                assert_eq!(tried, want);
             }
             Err(AclError::MissingSymbols { .. }) | Ok(_) => {}
             Err(other) => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_probe_finds_only_a_library_the_process_has_loaded() {
+        // The test binary links the C library (`libc.so.6`); nothing here has loaded this one.
+        let loaded = open_loaded("libc.so.6").expect("libc is loaded");
+        drop(loaded);
+        let err = open_loaded("libacl-sys-test-never-loaded.so").unwrap_err();
+        assert_eq!(
+            err.path,
+            Path::new("libacl-sys-test-never-loaded.so (already loaded)")
+        );
+        assert_eq!(err.error, NOT_LOADED);
     }
 }
