@@ -10,9 +10,10 @@ The library finds ``libascendcl.so`` itself (``NPU_ALLOC_ACL_LIB``, else the CAN
 search; see docs/c-abi.md) and reads ``PYTORCH_NPU_ALLOC_CONF``.
 
 With torch_npu, ``install()`` makes npu-alloc torch's allocator (call it right after
-``import torch_npu``, before any NPU work). torch_npu forwards only allocations and frees to a
-pluggable allocator: use this module's ``memory_stats``, ``empty_cache``, pools and memory
-saver, not ``torch.npu.memory``'s (docs/c-abi.md has the table).
+``import torch_npu``, before any NPU work). torch_npu forwards only allocations, frees and a few
+hooks to a pluggable allocator; ``install()`` also points ``torch.npu.memory``'s stats, snapshot
+and history calls at npu-alloc's. Pools and the memory saver are this module's
+(docs/c-abi.md has the table).
 """
 
 import contextlib
@@ -76,7 +77,19 @@ _SYNC_HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
 _keep_alive = []  # callbacks handed to C live as long as the process
 
 
-def _load():
+# torch_npu, once ``install()`` made npu-alloc its allocator, until torch_npu has started.
+_torch_npu_to_start = None
+
+
+def _load(start=True):
+    """The C library. After ``install()``, a call that may start the library (``start``) first
+    starts torch_npu: npu-alloc's own ``aclInit`` would come before torch_npu's and make it
+    ignore its ``acl.json``."""
+    global _torch_npu_to_start
+    if start and _torch_npu_to_start is not None:
+        torch_npu = _torch_npu_to_start
+        torch_npu.npu._lazy_init()  # thread-safe and idempotent in torch_npu
+        _torch_npu_to_start = None
     global _lib
     with _lib_lock:
         if _lib is not None:
@@ -189,7 +202,18 @@ def _current_device():
 
 
 def _device(device):
-    """``device`` as a C int; None is the current device (``_current_device``), as in torch."""
+    """``device`` as a C int, as torch's ``_get_device_index`` reads it: an int, ``"npu:1"``,
+    ``"npu"`` or a ``torch.device`` of type ``npu`` (without an index, or None: the current
+    device, ``_current_device``)."""
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if kind != "npu" or (index and not index.isdigit()):
+            raise ValueError("Expected an NPU device, got %r" % device)
+        device = int(index) if index else None
+    elif hasattr(device, "type") and hasattr(device, "index"):  # torch.device
+        if device.type != "npu":
+            raise ValueError("Expected an NPU device, got %r" % (device,))
+        device = device.index
     if device is None:
         device = _current_device()
     # A negative index is the library's to refuse (InvalidArgument); one beyond a C int is not.
@@ -565,7 +589,7 @@ def set_synchronize_hook(hook):
     device and synchronize it. None removes it. An exception in the hook counts as a failure:
     nothing is given back, and the NpuAllocError of the call that ran the hook has the hook's
     exception as its ``__cause__``."""
-    _set_hook(_load().npu_alloc_set_synchronize_hook, hook)
+    _set_hook(_load(start=False).npu_alloc_set_synchronize_hook, hook)
 
 
 def set_drain_hook(hook):
@@ -573,7 +597,7 @@ def set_drain_hook(hook):
     (``record_stream``) records the events it waits for; it must drain the host's queued work
     for ``device`` without waiting for the device. Without one, the synchronize hook serves.
     None removes it."""
-    _set_hook(_load().npu_alloc_set_drain_hook, hook)
+    _set_hook(_load(start=False).npu_alloc_set_drain_hook, hook)
 
 
 def _set_hook(setter, hook):
@@ -601,24 +625,97 @@ def _per_stream_queue():
     return m is not None and int(m.group(1)) != 0
 
 
+_installed = None  # the NPUPluggableAllocator of a successful install()
+
+
+def _nested(flat):
+    """torch_npu's ``_npu_memoryStats`` dict from the flat keys: ``a.b.c`` becomes
+    ``{"a": {"b": {"c": ...}}}``, the inverse of ``torch.npu.memory_stats``' flattening."""
+    nested = {}
+    for key, value in flat.items():
+        *path, last = key.split(".")
+        node = nested
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return nested
+
+
+def _snapshot(mempool_id=None):
+    """torch_npu's ``_npu_memorySnapshot``: the snapshot dict (``segments``, ``device_traces``,
+    ...), the segments of one private pool when ``mempool_id`` is given."""
+    import pickle
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "snapshot.pickle")
+        dump_snapshot(path)
+        with open(path, "rb") as f:
+            snap = pickle.load(f)  # written just now by npu-alloc: plain dicts, lists and ints
+    if mempool_id is not None:
+        wanted = tuple(mempool_id)
+        snap["segments"] = [s for s in snap["segments"] if tuple(s["segment_pool_id"]) == wanted]
+    return snap
+
+
+def _record_history(enabled, context=None, stacks=None, max_entries=100000, *args):
+    """torch_npu's ``_npu_record_memory_history(enabled, context, stacks, max_entries)``:
+    ``enabled`` None stops recording; "state" and "all" record (npu-alloc keeps no stacks)."""
+    record_memory_history(enabled is not None, max_entries)
+
+
+def _refuse_graph_capture(*args, **kwargs):
+    raise NpuAllocError(
+        "NPU graph capture needs a private pool from the allocator (torch_npu's "
+        "beginAllocateToPool), which torch_npu's pluggable allocator interface cannot hand to "
+        "npu-alloc: without it, memory used during capture would be handed to other tensors and "
+        "replays would overwrite them. Capture graphs without npu_alloc.install().", _REFUSED)
+
+
 def install():
     """Makes npu-alloc torch_npu's allocator: ``NPUPluggableAllocator`` with
     ``npu_alloc_malloc`` / ``npu_alloc_free``, the optional hooks torch_npu can call safely,
     and torch_npu's own synchronize as the synchronize hook. Call it right after
     ``import torch_npu``, before any NPU work (torch_npu refuses to swap an initialized
-    allocator)."""
-    import torch
-    import torch_npu  # noqa: F401  (registers torch.npu)
+    allocator). A second call returns the first one's allocator.
 
+    torch_npu asks a pluggable allocator for no statistics (it warns and returns garbage), so
+    ``torch.npu.memory_stats`` and everything built on it (``memory_allocated``,
+    ``max_memory_reserved``, ``memory_summary``...), ``reset_accumulated_memory_stats``,
+    ``reset_peak_memory_stats``, ``memory_snapshot``, ``_snapshot``, ``_dump_snapshot`` and
+    ``_record_memory_history`` are pointed at npu-alloc's. NPU graph capture raises
+    NpuAllocError (it needs private pools torch_npu cannot ask a pluggable allocator for).
+    ``MULTI_STREAM_MEMORY_REUSE`` is set to 2 when unset: torch_npu's collectives then keep
+    their tensors alive instead of calling ``record_stream``, which reaches npu-alloc without
+    an ``aclrtStream`` (docs/c-abi.md)."""
+    global _installed, _torch_npu_to_start
+    if _installed is not None:
+        return _installed
+    try:
+        import torch
+        import torch_npu  # noqa: F401  (registers torch.npu)
+    except ImportError as exc:
+        raise NpuAllocError("install() needs torch and torch_npu: %s" % exc, _NOT_INIT) from exc
+
+    reuse = os.environ.setdefault("MULTI_STREAM_MEMORY_REUSE", "2")
+    if reuse.strip() != "2":
+        import warnings
+        warnings.warn(
+            "MULTI_STREAM_MEMORY_REUSE=%s: torch_npu's collectives will call record_stream, "
+            "which npu-alloc cannot act on (torch_npu passes no aclrtStream), so a tensor freed "
+            "while a collective reads it may be reused at once; set it to 2." % reuse,
+            RuntimeWarning, stacklevel=2)
     path = library_path()
     alloc = torch_npu.npu.memory.NPUPluggableAllocator(path, "npu_alloc_malloc", "npu_alloc_free")
-    lib = _load()
+    lib = _load(start=False)
     inner = alloc.allocator()
     for setter, symbol in (("set_init_fn", "npu_alloc_init"), ("set_reset_fn", "npu_alloc_reset"),
                            ("set_memory_fraction_fn", "npu_alloc_set_memory_fraction"),
                            ("set_base_alloc_fn", "npu_alloc_base_alloc"),
                            ("set_reset_peak_status_fn", "npu_alloc_reset_peak_stats")):
         getattr(inner, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
+    # Raises if torch_npu has started: nothing below is changed then.
+    torch_npu.npu.memory.change_current_allocator(alloc)
     set_synchronize_hook(lambda device: torch.npu.synchronize(device))
     # Frees of blocks used on other streams record their events behind the work torch_npu has
     # queued on the host: reading the device's current stream empties its queue
@@ -626,6 +723,16 @@ def install():
     # stream has a queue of its own, and only the synchronize hook drains them all.
     if not _per_stream_queue():
         set_drain_hook(lambda device: torch_npu._C._npu_getCurrentRawStream(device))
-    torch_npu.npu.memory.change_current_allocator(alloc)
+    c = torch_npu._C
+    c._npu_memoryStats = lambda device=None: _nested(memory_stats(device))
+    c._npu_resetAccumulatedMemoryStats = reset_accumulated_memory_stats
+    c._npu_resetPeakMemoryStats = reset_peak_memory_stats
+    c._npu_memorySnapshot = _snapshot
+    c._npu_record_memory_history = _record_history
+    graphs = getattr(torch_npu.npu, "graphs", None)
+    if graphs is not None and hasattr(graphs, "NPUGraph"):
+        graphs.NPUGraph.capture_begin = _refuse_graph_capture
     _keep_alive.append(alloc)
+    _installed = alloc
+    _torch_npu_to_start = torch_npu
     return alloc

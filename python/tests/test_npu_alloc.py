@@ -634,5 +634,171 @@ class VirtAddrCache(unittest.TestCase):
             npu_alloc.empty_cache()
 
 
+class _Namespace:
+    """A bare attribute bag for the mock modules."""
+
+    def __init__(self, **attrs):
+        self.__dict__.update(attrs)
+
+
+class _MockNpuAllocator:
+    """torch_npu's ``_npu_NPUAllocator``: records the hook addresses it is given."""
+
+    def __init__(self):
+        self.hooks = {}
+
+    def __getattr__(self, name):
+        if name.startswith("set_"):
+            return lambda address: self.hooks.__setitem__(name, address)
+        raise AttributeError(name)
+
+
+class _MockPluggable:
+    def __init__(self, path, alloc_fn, free_fn):
+        self.args = (path, alloc_fn, free_fn)
+        self._allocator = _MockNpuAllocator()
+
+    def allocator(self):
+        return self._allocator
+
+
+class Install(unittest.TestCase):
+    """``install()`` against a stand-in torch and torch_npu that call what it hands over as
+    torch_npu does (the Python side; the hooks' C types are the C test's)."""
+
+    def setUp(self):
+        self.calls = {"lazy_init": 0, "swaps": [], "synchronize": []}
+        calls = self.calls
+
+        class NPUGraph:
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                return "captured"
+
+        def lazy_init():
+            calls["lazy_init"] += 1
+
+        def swap(alloc):
+            if calls.get("refuse_swap"):
+                raise RuntimeError("Can't swap an already initialized allocator")
+            calls["swaps"].append(alloc)
+
+        self.torch = _Namespace(npu=_Namespace(
+            current_device=lambda: 0,
+            synchronize=lambda device: calls["synchronize"].append(device)))
+        self.torch_npu = _Namespace(
+            npu=_Namespace(
+                memory=_Namespace(NPUPluggableAllocator=_MockPluggable,
+                                  change_current_allocator=swap),
+                graphs=_Namespace(NPUGraph=NPUGraph),
+                _lazy_init=lazy_init),
+            _C=_Namespace(_npu_getCurrentRawStream=lambda device: 0))
+        self.saved_env = os.environ.get("MULTI_STREAM_MEMORY_REUSE")
+        os.environ.pop("MULTI_STREAM_MEMORY_REUSE", None)
+        import sys
+        self.sys = sys
+        sys.modules["torch"], sys.modules["torch_npu"] = self.torch, self.torch_npu
+
+    def tearDown(self):
+        self.sys.modules.pop("torch", None)
+        self.sys.modules.pop("torch_npu", None)
+        npu_alloc._installed = None
+        npu_alloc._torch_npu_to_start = None
+        npu_alloc.set_synchronize_hook(None)
+        npu_alloc.set_drain_hook(None)
+        npu_alloc.record_memory_history(False)
+        if self.saved_env is None:
+            os.environ.pop("MULTI_STREAM_MEMORY_REUSE", None)
+        else:
+            os.environ["MULTI_STREAM_MEMORY_REUSE"] = self.saved_env
+
+    def test_install_hands_over_the_hooks_and_answers_torch_npus_memory_calls(self):
+        alloc = npu_alloc.install()
+        self.assertEqual(alloc.args, (npu_alloc.library_path(), "npu_alloc_malloc", "npu_alloc_free"))
+        lib = npu_alloc._load(start=False)
+        address = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        self.assertEqual(alloc.allocator().hooks, {
+            "set_init_fn": address("npu_alloc_init"),
+            "set_reset_fn": address("npu_alloc_reset"),
+            "set_memory_fraction_fn": address("npu_alloc_set_memory_fraction"),
+            "set_base_alloc_fn": address("npu_alloc_base_alloc"),
+            "set_reset_peak_status_fn": address("npu_alloc_reset_peak_stats"),
+        })
+        self.assertEqual(self.calls["swaps"], [alloc])
+        # Once only; torch_npu is not started by install() itself.
+        self.assertIs(npu_alloc.install(), alloc)
+        self.assertEqual(self.calls["swaps"], [alloc])
+        self.assertEqual(self.calls["lazy_init"], 0)
+        self.assertEqual(os.environ["MULTI_STREAM_MEMORY_REUSE"], "2")
+
+        # The first call that may start the library starts torch_npu first, and only that one.
+        c = self.torch_npu._C
+        p = npu_alloc.malloc(3 * MIB, 0)
+        self.assertEqual(self.calls["lazy_init"], 1)
+        nested = c._npu_memoryStats(0)
+        self.assertEqual(self.calls["lazy_init"], 1)
+        flat = npu_alloc.memory_stats(0)
+        self.assertEqual(nested["allocated_bytes"]["all"]["current"],
+                         flat["allocated_bytes.all.current"])
+        self.assertEqual(nested["num_ooms"], flat["num_ooms"])
+        self.assertEqual(nested["oversize_allocations"]["peak"], flat["oversize_allocations.peak"])
+        flattened = {}
+
+        def add(prefix, obj):  # torch_npu's _recurse_add_to_result
+            for k, v in obj.items():
+                if isinstance(v, dict):
+                    add(prefix + k + ".", v)
+                else:
+                    flattened[prefix + k] = v
+        add("", nested)
+        self.assertEqual(flattened, flat)
+
+        c._npu_resetPeakMemoryStats(0)
+        c._npu_resetAccumulatedMemoryStats(0)
+        self.assertEqual(npu_alloc.memory_stats(0)["allocation.all.allocated"], 0)
+
+        c._npu_record_memory_history("all", "all", "all", 2**63 - 1)
+        npu_alloc.free(p)
+        snap = c._npu_memorySnapshot(None)
+        self.assertIn("segments", snap)
+        actions = [e["action"] for e in snap["device_traces"][0]]
+        self.assertEqual(actions[-2:], ["free_requested", "free_completed"])
+        pool = npu_alloc.MemPool(0)
+        with npu_alloc.use_mem_pool(pool):
+            q = npu_alloc.malloc(1000, 0)
+        pooled = c._npu_memorySnapshot(pool.id)["segments"]
+        self.assertEqual([s["segment_pool_id"] for s in pooled], [pool.id])
+        npu_alloc.free(q)
+        pool.release()
+        c._npu_record_memory_history(None, None, "all", 0)
+        c._npu_memorySnapshot(None)
+
+        # Graph capture would hand the capture's memory to other tensors: refused.
+        with self.assertRaisesRegex(npu_alloc.NpuAllocError, "NPU graph capture"):
+            self.torch_npu.npu.graphs.NPUGraph().capture_begin()
+
+    def test_a_refused_swap_installs_nothing(self):
+        self.calls["refuse_swap"] = True
+        with self.assertRaisesRegex(RuntimeError, "already initialized"):
+            npu_alloc.install()
+        self.assertIsNone(npu_alloc._installed)
+        self.assertFalse(hasattr(self.torch_npu._C, "_npu_memoryStats"))
+        self.assertEqual(self.torch_npu.npu.graphs.NPUGraph().capture_begin(), "captured")
+
+    def test_an_unsafe_stream_reuse_mode_is_warned_about(self):
+        os.environ["MULTI_STREAM_MEMORY_REUSE"] = "1"
+        with self.assertWarnsRegex(RuntimeWarning, "MULTI_STREAM_MEMORY_REUSE=1"):
+            npu_alloc.install()
+        self.assertEqual(os.environ["MULTI_STREAM_MEMORY_REUSE"], "1")
+
+    def test_devices_are_read_as_torch_reads_them(self):
+        self.assertEqual(npu_alloc._device("npu:1"), 1)
+        self.assertEqual(npu_alloc._device("npu"), 0)  # the current device
+        self.assertEqual(npu_alloc._device(_Namespace(type="npu", index=1)), 1)
+        self.assertEqual(npu_alloc._device(_Namespace(type="npu", index=None)), 0)
+        for bad in ("cuda:0", "npu:x", _Namespace(type="cpu", index=None)):
+            with self.assertRaises(ValueError):
+                npu_alloc._device(bad)
+
+
 if __name__ == "__main__":
     unittest.main()

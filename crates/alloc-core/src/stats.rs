@@ -166,8 +166,8 @@ pub struct DeviceStats {
     pub num_device_alloc: u64,
     /// Device frees.
     pub num_device_free: u64,
-    /// Allocations refused up front by torch_npu's `throw_on_npumalloc_oom` (torch_npu exports
-    /// the key); always 0 here, where that option is not supported.
+    /// Segments refused up front by torch_npu's `throw_on_npumalloc_oom:True` (stats.md
+    /// §3.10); reset with the accumulated stats.
     pub num_oom_rejections: u64,
     /// `max_split_size` from the config, `None` when unlimited (reported as −1).
     pub max_split_size: Option<u64>,

@@ -202,10 +202,17 @@ pub extern "C" fn npu_alloc_reset(check_error: bool) {
     }
 }
 
-/// torch_npu's `memory_fraction_fn(fraction, device)`.
+/// torch_npu's `memory_fraction_fn(fraction, device)`. The hook returns nothing, so an error
+/// (a fraction outside 0 to 1, an unknown device) goes to stderr as well as the last error:
+/// torch_npu's own allocator would raise.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_memory_fraction(fraction: f64, device: c_int) {
-    npu_alloc_set_per_process_memory_fraction(fraction, device);
+    if npu_alloc_set_per_process_memory_fraction(fraction, device) != NpuAllocStatus::Ok {
+        warn(format_args!(
+            "set_per_process_memory_fraction: {}",
+            last_error()
+        ));
+    }
 }
 
 /// torch_npu's `base_alloc_fn(ptr, size)`: for a live allocation `ptr` (an address
@@ -330,8 +337,10 @@ unsafe fn stream_use(
 /// above the first byte would be whatever the caller's register held.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_reset_peak_stats(device: i8) {
-    // Errors go to the last error: the hook returns nothing.
-    let _ = npu_alloc_reset_peak_memory_stats(c_int::from(device));
+    // The hook returns nothing: an error goes to stderr as well as the last error.
+    if npu_alloc_reset_peak_memory_stats(c_int::from(device)) != NpuAllocStatus::Ok {
+        warn(format_args!("reset_peak_memory_stats: {}", last_error()));
+    }
 }
 
 /// torch's `reset_peak_memory_stats(device)`: every peak becomes its current value.

@@ -52,6 +52,17 @@ fn a_c_program_calls_every_export() {
         .find(|l| l.starts_with("npu-alloc: set_allocator_settings: "))
         .unwrap_or_else(|| panic!("no settings warning on stderr:\n{stderr}"));
     assert!(warning.contains("bogus_key"), "{warning}");
+    // The hooks that return nothing say why they refused.
+    for (prefix, names) in [
+        ("npu-alloc: set_per_process_memory_fraction: ", "2"),
+        ("npu-alloc: reset_peak_memory_stats: ", "9"),
+    ] {
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line on stderr:\n{stderr}"));
+        assert!(line.contains(names), "{line}");
+    }
     let py = testkit::python_snapshot::read_with_python(&dir.join("c.pickle"));
     assert_eq!(py.trace_lengths.len(), 2);
 }

@@ -126,6 +126,12 @@ int main(void) {
   CHECK(npu_alloc_set_per_process_memory_fraction(NAN, 0) == NpuAllocStatus_InvalidArgument);
   CHECK(npu_alloc_set_per_process_memory_fraction(0.5, 0) == NpuAllocStatus_Ok);
   npu_alloc_set_memory_fraction(1.0, 0);
+  /* The void hooks report a refusal on stderr (c_abi.rs reads it) and in the last error. */
+  npu_alloc_set_memory_fraction(2.0, 0);
+  npu_alloc_reset_peak_stats(9);
+  char hook_err[512];
+  CHECK(npu_alloc_last_error(hook_err, sizeof hook_err) > 1);
+  CHECK(strstr(hook_err, "9") != NULL);
   npu_alloc_free((void *)0x1234, 8, 0, NULL);
   char err[512];
   CHECK(npu_alloc_last_error(err, sizeof err) > 1);
