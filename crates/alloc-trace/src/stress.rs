@@ -149,7 +149,7 @@ impl StressParams {
 
 /// The configurations that change the policy, each a (name, alloc-conf string) pair: the ones
 /// `cargo xtask stress` runs when no `--conf` is given.
-pub const VARIANTS: [(&str, &str); 7] = [
+pub const VARIANTS: [(&str, &str); 8] = [
     ("defaults", ""),
     ("max_split_size_mb", "max_split_size_mb:40"),
     (
@@ -165,6 +165,11 @@ pub const VARIANTS: [(&str, &str); 7] = [
     (
         "lazy_reclaim+throw_on_oom",
         "multi_stream_lazy_reclaim:True,throw_on_npumalloc_oom:True",
+    ),
+    (
+        "expandable+lazy_reclaim+throw_on_oom+fraction",
+        "expandable_segments:True,multi_stream_lazy_reclaim:True,throw_on_npumalloc_oom:True,\
+         per_process_memory_fraction:0.7",
     ),
 ];
 
