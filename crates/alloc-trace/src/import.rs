@@ -94,6 +94,13 @@ pub struct ImportSummary {
     pub frees: u64,
     /// Frees completed later, on another stream's work (`record` + `complete` pairs).
     pub delayed_frees: u64,
+    /// `empty_cache` lines: runs of `segment_free` / `segment_unmap` entries that no segment
+    /// request or out-of-memory follows (the caller's `empty_cache`, not the allocator's GC or
+    /// retry chain).
+    pub empty_caches: u64,
+    /// Failed requests (`oom` entries) replayed as an `alloc` of their size and its `free`
+    /// (skipped when the replay fails it too); only with a capacity.
+    pub failed_requests: u64,
     /// Streams of the snapshot, in id order: torch's stream value of id 0, 1, ….
     pub streams: Vec<i64>,
     /// Streams added for delayed frees.
@@ -133,6 +140,12 @@ pub enum ImportNote {
         /// The blocks.
         blocks: u64,
     },
+    /// This many `oom` entries (failed requests) were skipped: without the device's capacity
+    /// the replay would not run out of memory where torch did.
+    OomsWithoutCapacity {
+        /// The entries.
+        entries: u64,
+    },
 }
 
 impl fmt::Display for ImportNote {
@@ -154,6 +167,11 @@ impl fmt::Display for ImportNote {
                 f,
                 "{blocks} block(s) freed before the history and still pending at its end: \
                  replayed as pending on a stream that never completes"
+            ),
+            ImportNote::OomsWithoutCapacity { entries } => write!(
+                f,
+                "{entries} failed request(s) (oom entries) skipped: give the device's capacity \
+                 (--capacity) to replay them as requests that run out of memory"
             ),
         }
     }
@@ -213,6 +231,18 @@ impl Imported {
             "# history: {} alloc, {} free ({} completed later on another stream: record + complete)\n",
             s.allocs, s.frees, s.delayed_frees
         ));
+        if s.empty_caches > 0 {
+            out.push_str(&format!(
+                "# empty_cache: {} (runs of segment frees that no segment request or oom follows)\n",
+                s.empty_caches
+            ));
+        }
+        if s.failed_requests > 0 {
+            out.push_str(&format!(
+                "# failed requests: {} oom entries, each as alloc + free (the free is skipped when the replay runs out too)\n",
+                s.failed_requests
+            ));
+        }
         let streams: Vec<String> = s
             .streams
             .iter()
@@ -534,6 +564,23 @@ pub fn import_snapshot(
     let mut pending: HashMap<i64, u64> = HashMap::new(); // addr → its stream
     let mut idle_streams: Vec<u64> = Vec::new();
     let mut next_alloc = 0u64;
+    // Whether the previous entry was part of a run of segment frees (a release).
+    let mut in_release = false;
+    let end_reserved = segments
+        .iter()
+        .fold(0i64, |sum, s| sum.saturating_add(s.total_size));
+    let capacity = options.capacity.map(|c| {
+        i64::try_from(c)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(summary.workspace_bytes as i64)
+    });
+    let gc = trace.conf.as_deref().is_some_and(|c| {
+        alloc_conf::parse(c)
+            .conf
+            .garbage_collection_threshold
+            .is_some()
+    });
+    let callers = callers_releases(entries, &workspace, end_reserved, capacity, gc);
     for (i, e) in entries.iter().enumerate() {
         if let Some(tick) = progress
             && i % 65_536 == 0
@@ -543,10 +590,41 @@ pub fn import_snapshot(
         if workspace.entries.contains(&i) {
             continue;
         }
+        let releasing = in_release;
+        in_release = false;
         let addr = match (&e.action, e.addr) {
-            (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => a,
+            (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => {
+                // A free completed by a release's synchronize comes inside the release's run.
+                in_release = releasing && e.action == Action::FreeCompleted;
+                a
+            }
             (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, None) => {
                 warn(&mut summary.warnings, "entry without an address", Some(i));
+                continue;
+            }
+            (Action::SegmentFree | Action::SegmentUnmap, _) => {
+                in_release = true;
+                if !releasing && callers.contains(&i) {
+                    trace.push(OpKind::EmptyCache {
+                        free_physical: true,
+                    });
+                    summary.empty_caches += 1;
+                }
+                *summary
+                    .skipped
+                    .entry(e.action.name().to_owned())
+                    .or_insert(0) += 1;
+                continue;
+            }
+            (Action::Oom, _) if options.capacity.is_some() && e.size >= 0 => {
+                let id = trace.add_id(format!("o{}", summary.failed_requests));
+                trace.push(OpKind::Alloc {
+                    id,
+                    size: e.size as u64,
+                    stream: streams.id(e.stream),
+                });
+                trace.push(OpKind::Free { id });
+                summary.failed_requests += 1;
                 continue;
             }
             (other, _) => {
@@ -625,7 +703,87 @@ pub fn import_snapshot(
     if let Some(tick) = progress {
         tick(entries.len() as u64);
     }
+    let ooms = summary
+        .skipped
+        .get(Action::Oom.name())
+        .copied()
+        .unwrap_or(0);
+    if ooms > 0 {
+        summary
+            .notes
+            .push(ImportNote::OomsWithoutCapacity { entries: ooms });
+    }
     summary.streams = streams.values;
     summary.extra_streams = extra;
     Ok(Imported { trace, summary })
+}
+
+/// The entries where a run of segment frees starts that is the caller's release
+/// (`empty_cache`, a pool's release) rather than the allocator's own. GC and the retry chain
+/// release segments only on the way to a segment request, so their runs end in a
+/// `segment_alloc` / `segment_map`, or in the `oom` of the request that still failed; a run
+/// that ends otherwise is the caller's. One that ends in a segment request is the caller's
+/// too when that request would have fitted without a release: the bytes reserved before the
+/// run plus the request's are within `bound` (the device's capacity less the workspace, when
+/// known; else the history's peak of reserved bytes, which the device did hold), and GC is
+/// off (it releases on the way to requests that fit). A run goes on through segment frees, the
+/// frees its synchronize completed, and workspace entries.
+fn callers_releases(
+    entries: &[TraceEntry],
+    workspace: &Workspace,
+    end_reserved: i64,
+    bound: Option<i64>,
+    gc: bool,
+) -> HashSet<usize> {
+    let is_release = |a: &Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
+    let counted = |i: usize| !workspace.entries.contains(&i);
+    // The bytes reserved just before each entry, walked back from the end state.
+    let mut before = vec![0i64; entries.len()];
+    let mut reserved = end_reserved;
+    for (i, e) in entries.iter().enumerate().rev() {
+        if counted(i) {
+            match e.action {
+                // Saturating: a history is input, and may not add up.
+                Action::SegmentAlloc | Action::SegmentMap => {
+                    reserved = reserved.saturating_sub(e.size)
+                }
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    reserved = reserved.saturating_add(e.size)
+                }
+                _ => {}
+            }
+        }
+        before[i] = reserved;
+    }
+    let bound = bound.unwrap_or_else(|| before.iter().copied().fold(end_reserved, i64::max));
+    let mut starts = HashSet::new();
+    let mut in_run = false;
+    for (i, e) in entries.iter().enumerate() {
+        if !counted(i) {
+            continue;
+        }
+        let releasing = is_release(&e.action);
+        if releasing && !in_run {
+            let next = entries
+                .iter()
+                .enumerate()
+                .skip(i + 1)
+                .find(|&(j, n)| {
+                    counted(j) && !is_release(&n.action) && n.action != Action::FreeCompleted
+                })
+                .map(|(_, n)| n);
+            let callers = match next {
+                Some(n) if matches!(n.action, Action::SegmentAlloc | Action::SegmentMap) => {
+                    !gc && before[i].saturating_add(n.size) <= bound
+                }
+                Some(n) => n.action != Action::Oom,
+                None => true,
+            };
+            if callers {
+                starts.insert(i);
+            }
+        }
+        in_run = releasing || (in_run && e.action == Action::FreeCompleted);
+    }
+    starts
 }

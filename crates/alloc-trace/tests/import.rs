@@ -521,3 +521,120 @@ fn a_replays_own_snapshot_imports_back_to_the_same_figures() {
         report.end.stats.allocated_bytes.all.current
     );
 }
+
+/// `text` replayed with its history, exported, read back and imported (with the trace's
+/// capacity when it has one), then the import replayed: (the original's report, the import,
+/// the import's report).
+fn round_trip(
+    text: &str,
+) -> (
+    alloc_trace::Report,
+    alloc_trace::Imported,
+    alloc_trace::Report,
+) {
+    let original = parse_str("t.trace", text).unwrap();
+    let setup = Setup::from_trace(&original, Default::default(), None, None);
+    let observe = Observe {
+        history: Some(1 << 20),
+        ..Observe::default()
+    };
+    let (report, observed) = replay_observed(&original, &setup, None, &observe).unwrap();
+    let end = observed.end.unwrap();
+    let mut snapshot = Snapshot::new(Some(&end.conf));
+    snapshot.add_device(0, &end.segments, &end.history).unwrap();
+    let snapshot = alloc_snapshot::read(&snapshot.to_pickle().unwrap())
+        .unwrap()
+        .snapshot;
+    let options = ImportOptions {
+        capacity: original.capacity,
+        ..ImportOptions::default()
+    };
+    let imported = import_snapshot(&snapshot, &options, None).unwrap();
+    let text = imported.to_text("t.pickle");
+    let parsed = parse_str("imported.trace", &text).unwrap();
+    let again = replay(
+        &parsed,
+        &Setup::from_trace(&parsed, Default::default(), None, None),
+    )
+    .unwrap();
+    (report, imported, again)
+}
+
+/// The caller's `empty_cache` shows in a snapshot only as its segment frees: a run of them that
+/// no segment request follows, or one whose request would have fitted without it, is replayed
+/// as `empty_cache`; the retry chain's runs, which end in the segment request they made room
+/// for (or in its `oom`), are not.
+#[test]
+fn the_callers_empty_cache_is_imported_and_the_allocators_releases_are_not() {
+    // With the capacity: the 2 MiB segment after the release fits a 1 GiB device.
+    let (report, imported, again) =
+        round_trip("capacity 1G\npad 0\nalloc a 3M\nfree a\nempty_cache\nalloc b 1000\n");
+    assert_eq!(imported.summary.empty_caches, 1);
+    assert_eq!(report.end.stats.segment.all.current, 1);
+    assert_eq!(again.end.stats.segment.all.current, 1);
+    assert_eq!(again.end.stats.reserved_bytes.all.current, 2 << 20);
+    assert_eq!(again.end.stats.num_device_free, 1);
+    assert!(imported.to_text("t").contains("\nempty_cache\n"));
+
+    // Without it, the history's peak is what the device is known to hold: the second release
+    // (20 MiB reserved, then a 2 MiB segment, within the 100 MiB peak) is the caller's; the
+    // first (100 MiB, then 20 MiB more) may have been the retry chain's and is left to the
+    // replay's allocator.
+    let text = "pad 0\nalloc x 100M\nfree x\nempty_cache\nalloc a 3M\nfree a\nempty_cache\n\
+                alloc b 1000\n";
+    let (report, imported, again) = round_trip(text);
+    assert_eq!(imported.summary.empty_caches, 1);
+    assert_eq!(report.end.stats.reserved_bytes.all.current, 2 << 20);
+    // The replay keeps the 100 MiB segment and takes `a` from it; the second release frees it.
+    assert_eq!(again.end.stats.reserved_bytes.all.current, 2 << 20);
+
+    // 40 MiB: the 36 MiB request releases the cached 30 MiB segment (the retry chain: 30 + 36
+    // MiB does not fit) and gets its segment; a 50 MiB request then runs out. With the
+    // capacity, the failed request is replayed as one that runs out of memory too, and its free
+    // is skipped; the last line's release is the caller's.
+    let text = "capacity 40M\npad 0\nalloc a 30M\nfree a\nalloc b 36M\nalloc c 50M\nfree b\n\
+                empty_cache\n";
+    let (report, imported, again) = round_trip(text);
+    assert_eq!(report.counts.ooms, 1);
+    assert_eq!(imported.summary.empty_caches, 1, "only the last line's");
+    assert_eq!(imported.summary.failed_requests, 1);
+    assert_eq!(again.counts.ooms, 1);
+    assert_eq!(
+        again.end.stats.num_alloc_retries,
+        report.end.stats.num_alloc_retries
+    );
+    assert_eq!(again.end.stats.reserved_bytes.all.current, 0);
+    assert_eq!(
+        again.end.stats.num_device_free,
+        report.end.stats.num_device_free
+    );
+}
+
+/// Without a capacity an `oom` entry cannot be replayed as one: skipped, with a note.
+#[test]
+fn failed_requests_without_a_capacity_are_skipped_with_a_note() {
+    let mut snapshot = Snapshot::new(None);
+    let history = vec![
+        entry(Action::Alloc, 0x1000, 512, 0, 1),
+        entry(Action::Oom, 0, 1 << 30, 0, 2),
+        entry(Action::FreeRequested, 0x1000, 512, 0, 3),
+        entry(Action::FreeCompleted, 0x1000, 512, 0, 3),
+    ];
+    snapshot.segments.push(small_segment(vec![block(
+        0x1000,
+        2 << 20,
+        BlockState::Inactive,
+    )]));
+    snapshot.device_traces.push(history);
+    let (imported, lines) = import_lines(&snapshot);
+    assert_eq!(imported.summary.failed_requests, 0);
+    assert!(
+        imported
+            .summary
+            .notes
+            .contains(&ImportNote::OomsWithoutCapacity { entries: 1 }),
+        "{:?}",
+        imported.summary.notes
+    );
+    assert!(!lines.iter().any(|l| l.starts_with("alloc o")), "{lines:?}");
+}
