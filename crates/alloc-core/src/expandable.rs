@@ -365,7 +365,7 @@ impl<D: Device> Allocator<D> {
         self.stats.num_device_alloc += 1;
         self.note_held();
         if self.history.is_some() {
-            self.record(Action::SegmentMap, addr, mapped, Some(stream));
+            self.record(Action::SegmentMap, addr, mapped, Some(stream), set);
         }
         match error {
             None => Ok(id),
@@ -514,7 +514,7 @@ impl<D: Device> Allocator<D> {
         self.stats.reserved_bytes.decrease(pool, unmapped);
         self.stats.num_device_free += 1;
         if self.history.is_some() {
-            self.record(Action::SegmentUnmap, start, unmapped, Some(stream));
+            self.record(Action::SegmentUnmap, start, unmapped, Some(stream), set);
         }
         match error {
             None => Ok(Some(uid)),

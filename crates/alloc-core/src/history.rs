@@ -17,6 +17,7 @@ use core::any::Any;
 use crate::allocator::Allocator;
 use crate::block::BlockId;
 use crate::device::Device;
+use crate::private_pool::{PoolId, PoolSet};
 
 /// What happened, with torch's names ([`Action::name`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -77,6 +78,9 @@ pub struct TraceEntry<S> {
     pub time_us: u64,
     /// The context the caller attached, if any.
     pub context: Option<Context>,
+    /// The pool of the block or segment, [`PoolId::DEFAULT`] for the default pools (torch_npu's
+    /// per-entry `pool_id`).
+    pub pool_id: PoolId,
 }
 
 impl<S: core::fmt::Debug> core::fmt::Debug for TraceEntry<S> {
@@ -88,6 +92,7 @@ impl<S: core::fmt::Debug> core::fmt::Debug for TraceEntry<S> {
             .field("stream", &self.stream)
             .field("time_us", &self.time_us)
             .field("context", &self.context.is_some())
+            .field("pool_id", &self.pool_id)
             .finish()
     }
 }
@@ -172,7 +177,7 @@ impl<D: Device> Allocator<D> {
     pub fn mark_snapshot(&mut self) {
         if self.history.is_some() {
             let active = self.stats.pending_bytes.active(&self.stats.allocated_bytes) as u64;
-            self.record(Action::Snapshot, 0, active, None);
+            self.record(Action::Snapshot, 0, active, None, 0);
         }
     }
 
@@ -183,11 +188,11 @@ impl<D: Device> Allocator<D> {
     #[inline(always)]
     pub(crate) fn record_block(&mut self, action: Action, id: BlockId) {
         let b = &self.blocks[id];
-        let (addr, requested, stream) = (b.addr, b.requested, b.stream);
-        self.record(action, addr, requested, Some(stream));
+        let (addr, requested, stream, set) = (b.addr, b.requested, b.stream, b.set);
+        self.record(action, addr, requested, Some(stream), set);
     }
 
-    /// Appends an entry; the caller has checked that history is on.
+    /// Appends an entry of pool set `set`; the caller has checked that history is on.
     #[cold]
     #[inline(never)]
     pub(crate) fn record(
@@ -196,7 +201,9 @@ impl<D: Device> Allocator<D> {
         addr: u64,
         size: u64,
         stream: Option<D::Stream>,
+        set: PoolSet,
     ) {
+        let pool_id = self.pools.id_of(set);
         let Some(h) = &mut self.history else {
             return;
         };
@@ -211,6 +218,7 @@ impl<D: Device> Allocator<D> {
             stream,
             time_us: h.clock.map_or(h.now, |clock| clock()),
             context: h.context.clone(),
+            pool_id,
         });
     }
 }

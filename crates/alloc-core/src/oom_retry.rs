@@ -378,7 +378,7 @@ impl<D: Device> Allocator<D> {
         self.stats.num_device_alloc += 1;
         self.note_held();
         if self.history.is_some() {
-            self.record(Action::SegmentAlloc, addr, size, Some(req.stream));
+            self.record(Action::SegmentAlloc, addr, size, Some(req.stream), req.set);
         }
         id
     }
@@ -402,7 +402,7 @@ impl<D: Device> Allocator<D> {
         self.stats.num_ooms += 1;
         if self.history.is_some() {
             let free = info.map_or(0, |m| m.free);
-            self.record(Action::Oom, free, req.size, Some(req.stream));
+            self.record(Action::Oom, free, req.size, Some(req.stream), req.set);
         }
         OutOfMemory {
             device: self.facts.index,

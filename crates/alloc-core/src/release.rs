@@ -29,6 +29,10 @@ impl<D: Device> Allocator<D> {
         } else {
             self.device.free(addr, size)?;
         }
+        if self.history.is_some() {
+            // Before the count: a pool whose last segment this is may be forgotten with it.
+            self.record(Action::SegmentFree, addr, size, Some(stream), set);
+        }
         self.pools[(set, pool)].remove(&self.blocks, id);
         self.count_pool_segment(set, -1);
         self.segments.remove(&addr);
@@ -36,9 +40,6 @@ impl<D: Device> Allocator<D> {
         self.blocks.remove(id);
         self.total_allocated -= size;
         self.stats.num_device_free += 1;
-        if self.history.is_some() {
-            self.record(Action::SegmentFree, addr, size, Some(stream));
-        }
         self.stats.segment.decrease(pool, 1);
         self.stats.reserved_bytes.decrease(pool, size);
         if self.is_oversize(size) {

@@ -85,7 +85,7 @@ impl<D: Device> Allocator<D> {
         }
         if self.history.is_some() {
             let stream = self.blocks[id].stream;
-            self.record(Action::Alloc, addr, req.requested, Some(stream));
+            self.record(Action::Alloc, addr, req.requested, Some(stream), req.set);
         }
         addr
     }

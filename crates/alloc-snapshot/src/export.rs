@@ -115,6 +115,7 @@ impl Snapshot {
                     Some(s) => int("stream", s.number())?,
                     None => 0,
                 },
+                pool_id: Some((int("pool id", e.pool_id.0)?, int("pool id", e.pool_id.1)?)),
                 time_us: int("time", e.time_us)?,
                 compile_context: "N/A".to_owned(),
                 user_metadata: String::new(),

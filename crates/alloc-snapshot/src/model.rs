@@ -134,6 +134,10 @@ pub struct TraceEntry {
     pub size: i64,
     /// The stream.
     pub stream: i64,
+    /// torch_npu's per-entry `pool_id`: the private pool of the block or segment, `(0, 0)` for
+    /// the default pools. PyTorch's snapshots have none (`None`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<(i64, i64)>,
     /// When, in microseconds (the replayer writes the operation's index).
     pub time_us: i64,
     /// torch's compile context; `"N/A"` outside `torch.compile`.

@@ -32,7 +32,7 @@ use std::fmt;
 
 use alloc_snapshot::{Action, BlockState, Snapshot, TraceEntry};
 
-use crate::op::{IdRef, OpKind, Trace};
+use crate::op::{IdRef, OpKind, PoolOp, Trace};
 
 /// What to import.
 #[derive(Debug, Clone, Default)]
@@ -101,6 +101,9 @@ pub struct ImportSummary {
     /// Failed requests (`oom` entries) replayed as an `alloc` of their size and its `free`
     /// (skipped when the replay fails it too); only with a capacity.
     pub failed_requests: u64,
+    /// Private pools imported as the trace's pools (from torch_npu's per-entry `pool_id` and
+    /// the segments' `segment_pool_id`).
+    pub pools: u64,
     /// Streams of the snapshot, in id order: torch's stream value of id 0, 1, ….
     pub streams: Vec<i64>,
     /// Streams added for delayed frees.
@@ -235,6 +238,12 @@ impl Imported {
             out.push_str(&format!(
                 "# empty_cache: {} (runs of segment frees that no segment request or oom follows)\n",
                 s.empty_caches
+            ));
+        }
+        if s.pools > 0 {
+            out.push_str(&format!(
+                "# pools: {} private pools (pool_<a>_<b>: torch's pool id), each released at its first segment free\n",
+                s.pools
             ));
         }
         if s.failed_requests > 0 {
@@ -389,7 +398,8 @@ pub fn import_snapshot(
     // Pass 1: which addresses the history allocates and frees (to find the prologue), where
     // each free completes, and every stream in order of first appearance.
     let mut live: HashMap<i64, ()> = HashMap::new();
-    let mut freed_before: BTreeMap<i64, (i64, i64)> = BTreeMap::new(); // addr → (size, stream)
+    // addr → (size, stream, pool)
+    let mut freed_before: BTreeMap<i64, (i64, i64, PoolKey)> = BTreeMap::new();
     let mut requested: HashMap<i64, usize> = HashMap::new(); // addr → its free_requested
     let mut completed_at: HashMap<usize, usize> = HashMap::new(); // free_requested → completed
     let mut last_freed: HashMap<i64, ()> = HashMap::new(); // addresses last seen freed
@@ -412,7 +422,9 @@ pub fn import_snapshot(
                 let was_live = live.remove(&addr).is_some();
                 let predates = !was_live && !last_freed.contains_key(&addr);
                 if predates {
-                    freed_before.entry(addr).or_insert((e.size, e.stream));
+                    freed_before
+                        .entry(addr)
+                        .or_insert((e.size, e.stream, pool_of(e)));
                 }
                 if was_live || predates {
                     requested.insert(addr, i);
@@ -428,8 +440,8 @@ pub fn import_snapshot(
         }
     }
     // End-state active blocks the history's allocations do not account for.
-    // addr → (size, stream, pending at the end with its free before the history)
-    let mut prologue: BTreeMap<i64, (i64, i64, bool)> = BTreeMap::new();
+    // addr → (size, stream, pending at the end with its free before the history, pool)
+    let mut prologue: BTreeMap<i64, (i64, i64, bool, PoolKey)> = BTreeMap::new();
     let mut pending_at_end: HashMap<i64, ()> = HashMap::new();
     let segments: Vec<_> = snapshot
         .segments
@@ -438,9 +450,11 @@ pub fn import_snapshot(
         .collect();
     let pooled = segments
         .iter()
-        .filter(|s| s.segment_pool_id != (0, 0))
+        .filter(|s| s.segment_pool_id != DEFAULT_POOL)
         .count() as u64;
-    if pooled > 0 {
+    // torch_npu's entries name their pool; PyTorch's do not.
+    let entries_name_pools = entries.iter().any(|e| e.pool_id.is_some());
+    if pooled > 0 && !entries_name_pools {
         summary
             .notes
             .push(ImportNote::PrivatePools { segments: pooled });
@@ -467,16 +481,16 @@ pub fn import_snapshot(
             };
             streams.id(seg.stream);
             let pending = b.state == BlockState::ActivePendingFree;
-            prologue.insert(b.address, (size, seg.stream, pending));
+            prologue.insert(b.address, (size, seg.stream, pending, seg.segment_pool_id));
         }
     }
     summary.prologue_freed = freed_before
         .keys()
         .filter(|a| !prologue.contains_key(a))
         .count() as u64;
-    for (addr, (size, stream)) in freed_before {
+    for (addr, (size, stream, pool)) in freed_before {
         streams.id(stream);
-        prologue.entry(addr).or_insert((size, stream, false));
+        prologue.entry(addr).or_insert((size, stream, false, pool));
     }
     let real_streams = streams.values.len() as u64;
     // The streams added for frees: one that never completes for the prologue's pending blocks,
@@ -531,18 +545,24 @@ pub fn import_snapshot(
     }
     let mut by_addr: HashMap<i64, IdRef> = HashMap::new();
     let mut n = 0;
-    for (addr, &(size, stream, pending)) in &prologue {
+    let mut pools = Pools {
+        enabled: entries_name_pools,
+        names: HashMap::new(),
+        released: HashSet::new(),
+    };
+    for (addr, &(size, stream, pending, pool)) in &prologue {
         let Ok(size) = u64::try_from(size) else {
             warn(&mut summary.warnings, "block of a negative size", None);
             continue;
         };
         let id = trace.add_id(format!("p{n}"));
         n += 1;
-        trace.push(OpKind::Alloc {
+        let alloc = OpKind::Alloc {
             id,
             size,
             stream: streams.id(stream),
-        });
+        };
+        pools.alloc(&mut trace, pool, alloc);
         match never_completes {
             Some(s) if pending => {
                 trace.push(OpKind::Record { id, stream: s });
@@ -604,6 +624,8 @@ pub fn import_snapshot(
             }
             (Action::SegmentFree | Action::SegmentUnmap, _) => {
                 in_release = true;
+                // torch frees a private pool's segment only once the pool is released.
+                pools.release(&mut trace, pool_of(e));
                 if !releasing && callers.contains(&i) {
                     trace.push(OpKind::EmptyCache {
                         free_physical: true,
@@ -649,11 +671,12 @@ pub fn import_snapshot(
                 let id = trace.add_id(format!("a{next_alloc}"));
                 next_alloc += 1;
                 by_addr.insert(addr, id);
-                trace.push(OpKind::Alloc {
+                let alloc = OpKind::Alloc {
                     id,
                     size,
                     stream: streams.id(e.stream),
-                });
+                };
+                pools.alloc(&mut trace, pool_of(e), alloc);
                 summary.allocs += 1;
             }
             Action::FreeRequested => {
@@ -713,9 +736,69 @@ pub fn import_snapshot(
             .notes
             .push(ImportNote::OomsWithoutCapacity { entries: ooms });
     }
+    summary.pools = pools.names.len() as u64;
     summary.streams = streams.values;
     summary.extra_streams = extra;
     Ok(Imported { trace, summary })
+}
+
+/// torch's id of the default pools.
+const DEFAULT_POOL: PoolKey = (0, 0);
+
+/// A pool id as torch writes it (`segment_pool_id`, torch_npu's per-entry `pool_id`).
+type PoolKey = (i64, i64);
+
+/// The pool an entry names: the default pools when it names none (PyTorch's entries).
+fn pool_of(e: &TraceEntry) -> PoolKey {
+    e.pool_id.unwrap_or(DEFAULT_POOL)
+}
+
+/// The private pools met in the snapshot, as the trace's pools (`pool_<a>_<b>`), each created
+/// at its first allocation and released at its first segment free. Only when the entries name
+/// their pools (torch_npu's): from PyTorch's, whose entries do not, everything replays in the
+/// default pools (a note says so).
+struct Pools {
+    enabled: bool,
+    names: HashMap<PoolKey, String>,
+    released: HashSet<PoolKey>,
+}
+
+impl Pools {
+    fn name(&mut self, trace: &mut Trace, pool: PoolKey) -> String {
+        self.names
+            .entry(pool)
+            .or_insert_with(|| {
+                let name = format!("pool_{}_{}", pool.0, pool.1);
+                trace.push(OpKind::Pool(PoolOp::Create {
+                    name: name.clone(),
+                    use_on_oom: false,
+                    no_split: false,
+                }));
+                name
+            })
+            .clone()
+    }
+
+    /// Pushes `alloc`, inside `use_pool` for a private pool.
+    fn alloc(&mut self, trace: &mut Trace, pool: PoolKey, alloc: OpKind) {
+        if pool == DEFAULT_POOL || !self.enabled {
+            trace.push(alloc);
+            return;
+        }
+        let name = self.name(trace, pool);
+        trace.push(OpKind::Pool(PoolOp::Use(name)));
+        trace.push(alloc);
+        trace.push(OpKind::Pool(PoolOp::End));
+    }
+
+    /// Releases a private pool once: a segment of it was freed, which torch does only for a
+    /// released pool.
+    fn release(&mut self, trace: &mut Trace, pool: PoolKey) {
+        if pool != DEFAULT_POOL && self.enabled && self.released.insert(pool) {
+            let name = self.name(trace, pool);
+            trace.push(OpKind::Pool(PoolOp::Release(name)));
+        }
+    }
 }
 
 /// The entries where a run of segment frees starts that is the caller's release

@@ -64,6 +64,7 @@ fn entry(action: Action, addr: i64, size: i64, stream: i64, time_us: i64) -> Tra
         device_free: None,
         size,
         stream,
+        pool_id: None,
         time_us,
         compile_context: "N/A".into(),
         user_metadata: String::new(),
@@ -637,4 +638,41 @@ fn failed_requests_without_a_capacity_are_skipped_with_a_note() {
         imported.summary.notes
     );
     assert!(!lines.iter().any(|l| l.starts_with("alloc o")), "{lines:?}");
+}
+
+/// torch_npu names each entry's pool: a private pool's allocations replay in a pool of the
+/// trace, released where its first segment is freed (torch frees a pool's segments only once it
+/// is released), so the next request gets a segment of its own as it did.
+#[test]
+fn private_pools_come_back_from_torch_npus_per_entry_pool_ids() {
+    let text = "pad 0\npool p\nuse_pool p\nalloc e 7M\nend_pool\nfree e\nrelease_pool p\n\
+                alloc f 7M\n";
+    let (report, imported, again) = round_trip(text);
+    assert_eq!(imported.summary.pools, 1);
+    assert!(
+        imported.summary.notes.is_empty(),
+        "{:?}",
+        imported.summary.notes
+    );
+    let text = imported.to_text("t");
+    for line in [
+        "pool pool_0_1",
+        "use_pool pool_0_1",
+        "end_pool",
+        "release_pool pool_0_1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line}: {text}");
+    }
+    for key in ["num_device_alloc", "num_device_free"] {
+        let stat = |r: &alloc_trace::Report| match key {
+            "num_device_alloc" => r.end.stats.num_device_alloc,
+            _ => r.end.stats.num_device_free,
+        };
+        assert_eq!(stat(&again), stat(&report), "{key}");
+    }
+    assert_eq!(report.end.stats.num_device_alloc, 2);
+    assert_eq!(
+        again.end.stats.reserved_bytes.all.current,
+        report.end.stats.reserved_bytes.all.current
+    );
 }

@@ -34,7 +34,7 @@ seg_keys = ["device", "address", "total_size", "allocated_size", "active_size",
             "requested_size", "stream", "segment_type", "segment_pool_id", "is_expandable",
             "frames", "blocks"]
 block_keys = ["address", "size", "requested_size", "state", "frames"]
-entry_keys = ["action", "addr", "size", "stream", "time_us", "compile_context",
+entry_keys = ["action", "addr", "size", "stream", "pool_id", "time_us", "compile_context",
               "user_metadata", "frames"]
 devices = {}
 pools = set()

@@ -533,6 +533,10 @@ impl<'d> Walk<'d> {
         }
         let size = self.req(&d, path, "size")?;
         let stream = self.opt(&d, path, "stream")?.unwrap_or(0);
+        let pool_id = match d.get("pool_id") {
+            Some(p) => Some(self.pool_id(p, &path.field("pool_id"))?),
+            None => None,
+        };
         let time_us = self.opt(&d, path, "time_us")?.unwrap_or(0);
         let compile_context = self
             .opt(&d, path, "compile_context")?
@@ -549,6 +553,7 @@ impl<'d> Walk<'d> {
             device_free,
             size,
             stream,
+            pool_id,
             time_us,
             compile_context,
             user_metadata,
