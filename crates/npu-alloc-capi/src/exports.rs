@@ -20,9 +20,8 @@ pub(crate) fn runtime() -> Result<&'static NpuAllocator, Fail> {
         .get_or_init(|| {
             crate::stderr_log::install();
             let rt = NpuAllocator::from_env().map_err(|e| {
-                let message = format!(
-                    "cannot start npu-alloc: {e} (set NPU_ALLOC_ACL_LIB to libascendcl.so)"
-                );
+                // A library not found says where to point NPU_ALLOC_ACL_LIB itself.
+                let message = format!("cannot start npu-alloc: {e}");
                 // Said once here as well: under torch_npu a failed malloc shows only as
                 // "Get data_ptr failed", and every later call fails with this same error.
                 warn(format_args!("{message}"));
