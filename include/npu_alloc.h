@@ -265,6 +265,15 @@ enum NpuAllocStatus npu_alloc_mem_get_info(int device, uintptr_t *free, uintptr_
 enum NpuAllocStatus npu_alloc_set_per_process_memory_fraction(double fraction, int device);
 
 /**
+ * `torch.npu.get_per_process_memory_fraction(device)` into `*fraction`: the fraction set for
+ * the device, 1.0 when unlimited.
+ *
+ * # Safety
+ * `fraction` is a writable `double`.
+ */
+enum NpuAllocStatus npu_alloc_get_per_process_memory_fraction(int device, double *fraction);
+
+/**
  * `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
  * string (an unknown key, a bad value: the rest of the string still applies) is written to
  * stderr.
@@ -273,11 +282,6 @@ enum NpuAllocStatus npu_alloc_set_per_process_memory_fraction(double fraction, i
  * `settings` is a NUL-terminated string.
  */
 enum NpuAllocStatus npu_alloc_set_allocator_settings(const char *settings);
-
-/**
- * `torch.npu.memory._record_memory_history(enabled, max_entries)`.
- */
-enum NpuAllocStatus npu_alloc_record_memory_history(bool enabled, uintptr_t max_entries);
 
 /**
  * `torch.npu.memory._dump_snapshot(path)`: a pickle PyTorch's memory_viz reads.
@@ -427,6 +431,32 @@ void npu_alloc_set_drain_hook(int (*hook)(int));
  * current again. Returns an [`NpuAllocStatus`] as an int.
  */
 int npu_alloc_acl_synchronize(int device);
+
+/**
+ * torch_npu's `attachOutOfMemoryObserver` (`torch.npu.memory._attach_out_of_memory_observer`):
+ * `observer` is called after each out-of-memory error (see [`NpuAllocOomObserver`]). NULL is
+ * `InvalidArgument`. Does not start the library.
+ */
+enum NpuAllocStatus npu_alloc_attach_out_of_memory_observer(void (*observer)(int64_t,
+                                                                             int64_t,
+                                                                             int64_t,
+                                                                             int64_t));
+
+/**
+ * `_record_memory_history`: with `enabled`, every device keeps its last `max_entries` trace
+ * entries (at least 1); without, recording stops and what was recorded is forgotten. Does not
+ * start the library: set before, it applies from the start.
+ */
+enum NpuAllocStatus npu_alloc_record_memory_history(bool enabled, uintptr_t max_entries);
+
+/**
+ * torch_npu's `_npu_isHistoryEnabled()` into `*enabled`: whether
+ * [`npu_alloc_record_memory_history`] turned recording on. Does not start the library.
+ *
+ * # Safety
+ * `enabled` is a writable `bool`.
+ */
+enum NpuAllocStatus npu_alloc_is_history_enabled(bool *enabled);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -29,8 +29,9 @@ __all__ = [
     "NpuAllocError", "OutOfMemoryError", "library_path", "malloc", "free", "memory_stats",
     "memory_summary", "memory_allocated", "max_memory_allocated", "memory_reserved",
     "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
-    "empty_cache", "empty_virt_addr_cache", "mem_get_info", "set_per_process_memory_fraction", "set_allocator_settings",
-    "record_memory_history", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
+    "empty_cache", "empty_virt_addr_cache", "mem_get_info", "set_per_process_memory_fraction",
+    "get_per_process_memory_fraction", "set_allocator_settings",
+    "record_memory_history", "attach_out_of_memory_observer", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
     "use_mem_pool",
     "region", "pause", "resume", "disable", "memory_saver", "memory_saver_stats",
     "set_synchronize_hook", "set_drain_hook", "install",
@@ -74,6 +75,8 @@ def library_path():
 _lib = None
 _lib_lock = threading.Lock()
 _SYNC_HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+_OOM_OBSERVER = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                 ctypes.c_int64)
 _keep_alive = []  # callbacks handed to C live as long as the process
 
 
@@ -114,8 +117,12 @@ def _load(start=True):
             "npu_alloc_memory_saver_has_tag": ([c_char, ctypes.POINTER(ctypes.c_bool)], c_int),
             "npu_alloc_mem_get_info": ([c_int, ctypes.POINTER(c_size), ctypes.POINTER(c_size)], c_int),
             "npu_alloc_set_per_process_memory_fraction": ([ctypes.c_double, c_int], c_int),
+            "npu_alloc_get_per_process_memory_fraction": ([c_int, ctypes.POINTER(ctypes.c_double)],
+                                                          c_int),
             "npu_alloc_set_allocator_settings": ([c_char], c_int),
             "npu_alloc_record_memory_history": ([ctypes.c_bool, c_size], c_int),
+            "npu_alloc_is_history_enabled": ([ctypes.POINTER(ctypes.c_bool)], c_int),
+            "npu_alloc_attach_out_of_memory_observer": ([_OOM_OBSERVER], c_int),
             "npu_alloc_dump_snapshot": ([c_char], c_int),
             "npu_alloc_mem_pool_create": ([c_int, ctypes.POINTER(ctypes.c_uint64)], c_int),
             "npu_alloc_mem_pool_begin": ([c_int, ctypes.c_uint64], c_int),
@@ -357,15 +364,45 @@ def set_per_process_memory_fraction(fraction, device=None):
     _check(_load().npu_alloc_set_per_process_memory_fraction(float(fraction), _device(device)))
 
 
+def get_per_process_memory_fraction(device=None):
+    """The fraction of ``device``'s memory (None: the current device) the allocator may use:
+    1.0 when unlimited."""
+    fraction = ctypes.c_double()
+    _check(_load().npu_alloc_get_per_process_memory_fraction(_device(device),
+                                                             ctypes.byref(fraction)))
+    return fraction.value
+
+
 def set_allocator_settings(settings):
     """``torch.npu.memory._set_allocator_settings(settings)``."""
     _check(_load().npu_alloc_set_allocator_settings(_text(settings, "settings")))
 
 
 def record_memory_history(enabled=True, max_entries=100000):
-    """``_record_memory_history``: keeps the last ``max_entries`` trace entries per device."""
+    """``_record_memory_history``: keeps the last ``max_entries`` trace entries per device.
+    Does not start the library (set before, it applies from its start)."""
     max_entries = _size(max_entries, "max_entries")
-    _check(_load().npu_alloc_record_memory_history(bool(enabled), max_entries))
+    _check(_load(start=False).npu_alloc_record_memory_history(bool(enabled), max_entries))
+
+
+def attach_out_of_memory_observer(observer):
+    """torch's ``_attach_out_of_memory_observer``: ``observer(device, alloc_size,
+    device_total, device_free)`` is called after each out-of-memory error, on the thread that
+    ran out (``device_total`` is the fraction's limit when one is set). An exception it raises
+    is printed, not raised into the allocator. Does not start the library."""
+    if not callable(observer):
+        raise TypeError("observer must be callable")
+
+    def call(device, alloc_size, device_total, device_free):
+        try:
+            observer(device, alloc_size, device_total, device_free)
+        except BaseException:  # noqa: BLE001 - a callback must not raise into C
+            import traceback
+            traceback.print_exc()
+
+    cb = _OOM_OBSERVER(call)
+    _keep_alive.append(cb)
+    _check(_load(start=False).npu_alloc_attach_out_of_memory_observer(cb))
 
 
 def dump_snapshot(path):
@@ -618,11 +655,19 @@ def _set_hook(setter, hook):
     setter(cb)
 
 
+def _env_int(name):
+    """Environment variable ``name`` as torch_npu's C ``strtol`` reads it (leading blanks, a
+    sign and digits; anything else is 0); None when unset."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    m = re.match(r"\s*([+-]?\d+)", value)
+    return int(m.group(1)) if m else 0
+
+
 def _per_stream_queue():
-    """Whether torch_npu runs a task queue per stream: ``PER_STREAM_QUEUE`` read as its C
-    ``strtol`` reads it (leading blanks, a sign and digits; anything else is 0)."""
-    m = re.match(r"\s*([+-]?\d+)", os.environ.get("PER_STREAM_QUEUE", ""))
-    return m is not None and int(m.group(1)) != 0
+    """Whether torch_npu runs a task queue per stream (``PER_STREAM_QUEUE`` not 0)."""
+    return (_env_int("PER_STREAM_QUEUE") or 0) != 0
 
 
 _installed = None  # the NPUPluggableAllocator of a successful install()
@@ -660,8 +705,19 @@ def _snapshot(mempool_id=None):
 
 def _record_history(enabled, context=None, stacks=None, max_entries=100000, *args):
     """torch_npu's ``_npu_record_memory_history(enabled, context, stacks, max_entries)``:
-    ``enabled`` None stops recording; "state" and "all" record (npu-alloc keeps no stacks)."""
-    record_memory_history(enabled is not None, max_entries)
+    ``enabled`` None stops recording, "all" keeps the last ``max_entries`` entries, "state" one
+    (torch_npu's ``max_entries = enabled == "all" ? max_entries : 1``); npu-alloc keeps no
+    stacks."""
+    if enabled not in (None, "state", "all"):
+        raise NpuAllocError("expected state to be 'state', 'all', or None", _INVALID)
+    record_memory_history(enabled is not None, max_entries if enabled == "all" else 1)
+
+
+def _history_enabled():
+    """torch_npu's ``_npu_isHistoryEnabled``."""
+    enabled = ctypes.c_bool()
+    _check(_load().npu_alloc_is_history_enabled(ctypes.byref(enabled)))
+    return enabled.value
 
 
 def _refuse_graph_capture(*args, **kwargs):
@@ -672,6 +728,29 @@ def _refuse_graph_capture(*args, **kwargs):
         "replays would overwrite them. Capture graphs without npu_alloc.install().", _REFUSED)
 
 
+def _oom_snapshots():
+    """torch_npu's ``OOM_SNAPSHOT_ENABLE`` (1: history "all"; 2: "state"), which its own start
+    would send to a pluggable allocator that ignores it: the history, and an out-of-memory
+    observer that writes ``oom_snapshot_<pid>_<local time>.pickle`` into ``OOM_SNAPSHOT_PATH``
+    (default ``./``), as torch_npu's ``oom_observer`` does."""
+    mode = _env_int("OOM_SNAPSHOT_ENABLE") or 0
+    if mode == 0:
+        return
+    record_memory_history(True, 1 if mode == 2 else sys.maxsize)
+
+    def dump(device, alloc_size, device_total, device_free):
+        if _installed is None:  # observers stay attached; the dumps are install()'s
+            return
+        directory = os.path.realpath(os.environ.get("OOM_SNAPSHOT_PATH") or "./")
+        if not os.path.isdir(directory):
+            raise NpuAllocError("`OOM_SNAPSHOT_PATH` is invalid.", _INVALID)
+        import time
+        name = "oom_snapshot_%d_%s.pickle" % (os.getpid(), time.strftime("%Y%m%d%H%M%S"))
+        dump_snapshot(os.path.join(directory, name))
+
+    attach_out_of_memory_observer(dump)
+
+
 def install():
     """Makes npu-alloc torch_npu's allocator: ``NPUPluggableAllocator`` with
     ``npu_alloc_malloc`` / ``npu_alloc_free``, the optional hooks torch_npu can call safely,
@@ -679,11 +758,13 @@ def install():
     ``import torch_npu``, before any NPU work (torch_npu refuses to swap an initialized
     allocator). A second call returns the first one's allocator.
 
-    torch_npu asks a pluggable allocator for no statistics (it warns and returns garbage), so
-    ``torch.npu.memory_stats`` and everything built on it (``memory_allocated``,
+    torch_npu asks a pluggable allocator for statistics only through a C++ ``DeviceStats`` hook
+    (a struct whose layout changes between versions; without it, it warns and returns garbage),
+    so ``torch.npu.memory_stats`` and everything built on it (``memory_allocated``,
     ``max_memory_reserved``, ``memory_summary``...), ``reset_accumulated_memory_stats``,
-    ``reset_peak_memory_stats``, ``memory_snapshot``, ``_snapshot``, ``_dump_snapshot`` and
-    ``_record_memory_history`` are pointed at npu-alloc's. NPU graph capture raises
+    ``reset_peak_memory_stats``, ``memory_snapshot``, ``_snapshot``, ``_dump_snapshot``,
+    ``_record_memory_history``, ``get_per_process_memory_fraction`` and
+    ``empty_virt_addr_cache`` are pointed at npu-alloc's. NPU graph capture raises
     NpuAllocError (it needs private pools torch_npu cannot ask a pluggable allocator for).
     ``MULTI_STREAM_MEMORY_REUSE`` is set to 2 when unset: torch_npu's collectives then keep
     their tensors alive instead of calling ``record_stream``, which reaches npu-alloc without
@@ -697,14 +778,6 @@ def install():
     except ImportError as exc:
         raise NpuAllocError("install() needs torch and torch_npu: %s" % exc, _NOT_INIT) from exc
 
-    reuse = os.environ.setdefault("MULTI_STREAM_MEMORY_REUSE", "2")
-    if reuse.strip() != "2":
-        import warnings
-        warnings.warn(
-            "MULTI_STREAM_MEMORY_REUSE=%s: torch_npu's collectives will call record_stream, "
-            "which npu-alloc cannot act on (torch_npu passes no aclrtStream), so a tensor freed "
-            "while a collective reads it may be reused at once; set it to 2." % reuse,
-            RuntimeWarning, stacklevel=2)
     path = library_path()
     alloc = torch_npu.npu.memory.NPUPluggableAllocator(path, "npu_alloc_malloc", "npu_alloc_free")
     lib = _load(start=False)
@@ -716,6 +789,17 @@ def install():
         getattr(inner, setter)(ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value)
     # Raises if torch_npu has started: nothing below is changed then.
     torch_npu.npu.memory.change_current_allocator(alloc)
+    # torch_npu reads it at its first use, after this (as read by its strtol).
+    reuse = _env_int("MULTI_STREAM_MEMORY_REUSE")
+    if reuse is None:
+        os.environ["MULTI_STREAM_MEMORY_REUSE"] = "2"
+    elif reuse != 2:
+        import warnings
+        warnings.warn(
+            "MULTI_STREAM_MEMORY_REUSE=%s: torch_npu's collectives will call record_stream, "
+            "which npu-alloc cannot act on (torch_npu passes no aclrtStream), so a tensor freed "
+            "while a collective reads it may be reused at once; set it to 2."
+            % os.environ["MULTI_STREAM_MEMORY_REUSE"], RuntimeWarning, stacklevel=2)
     set_synchronize_hook(lambda device: torch.npu.synchronize(device))
     # Frees of blocks used on other streams record their events behind the work torch_npu has
     # queued on the host: reading the device's current stream empties its queue
@@ -729,6 +813,11 @@ def install():
     c._npu_resetPeakMemoryStats = reset_peak_memory_stats
     c._npu_memorySnapshot = _snapshot
     c._npu_record_memory_history = _record_history
+    c._npu_isHistoryEnabled = _history_enabled
+    c._npu_getMemoryFraction = get_per_process_memory_fraction
+    c._npu_emptyVirtAddrCache = empty_virt_addr_cache
+    c._npu_attach_out_of_memory_observer = attach_out_of_memory_observer
+    _oom_snapshots()
     graphs = getattr(torch_npu.npu, "graphs", None)
     if graphs is not None and hasattr(graphs, "NPUGraph"):
         graphs.NPUGraph.capture_begin = _refuse_graph_capture

@@ -683,7 +683,7 @@ class Install(unittest.TestCase):
             calls["swaps"].append(alloc)
 
         self.torch = _Namespace(npu=_Namespace(
-            current_device=lambda: 0,
+            current_device=lambda: calls.get("current_device", 0),
             synchronize=lambda device: calls["synchronize"].append(device)))
         self.torch_npu = _Namespace(
             npu=_Namespace(
@@ -756,6 +756,14 @@ class Install(unittest.TestCase):
         c._npu_resetAccumulatedMemoryStats(0)
         self.assertEqual(npu_alloc.memory_stats(0)["allocation.all.allocated"], 0)
 
+        self.assertFalse(c._npu_isHistoryEnabled())
+        # "state" keeps one entry, as torch_npu's binding does; "all" the last max_entries.
+        c._npu_record_memory_history("state", "all", "all", 2**63 - 1)
+        self.assertTrue(c._npu_isHistoryEnabled())
+        npu_alloc.free(npu_alloc.malloc(1000, 0))
+        self.assertEqual(len(c._npu_memorySnapshot(None)["device_traces"][0]), 1)
+        with self.assertRaisesRegex(npu_alloc.NpuAllocError, "expected state"):
+            c._npu_record_memory_history("some", "all", "all", 10)
         c._npu_record_memory_history("all", "all", "all", 2**63 - 1)
         npu_alloc.free(p)
         snap = c._npu_memorySnapshot(None)
@@ -770,7 +778,13 @@ class Install(unittest.TestCase):
         npu_alloc.free(q)
         pool.release()
         c._npu_record_memory_history(None, None, "all", 0)
+        self.assertFalse(c._npu_isHistoryEnabled())
         c._npu_memorySnapshot(None)
+        npu_alloc.set_per_process_memory_fraction(0.75, 0)
+        self.assertEqual(c._npu_getMemoryFraction(0), 0.75)
+        npu_alloc.set_per_process_memory_fraction(1.0, 0)
+        with self.assertRaisesRegex(npu_alloc.NpuAllocError, "expandable_segments"):
+            c._npu_emptyVirtAddrCache()
 
         # Graph capture would hand the capture's memory to other tensors: refused.
         with self.assertRaisesRegex(npu_alloc.NpuAllocError, "NPU graph capture"):
@@ -782,6 +796,7 @@ class Install(unittest.TestCase):
             npu_alloc.install()
         self.assertIsNone(npu_alloc._installed)
         self.assertFalse(hasattr(self.torch_npu._C, "_npu_memoryStats"))
+        self.assertNotIn("MULTI_STREAM_MEMORY_REUSE", os.environ)
         self.assertEqual(self.torch_npu.npu.graphs.NPUGraph().capture_begin(), "captured")
 
     def test_an_unsafe_stream_reuse_mode_is_warned_about(self):
@@ -790,11 +805,48 @@ class Install(unittest.TestCase):
             npu_alloc.install()
         self.assertEqual(os.environ["MULTI_STREAM_MEMORY_REUSE"], "1")
 
+    def test_oom_snapshot_enable_dumps_a_snapshot_at_out_of_memory(self):
+        import glob
+        import pickle
+        import tempfile
+        saved = {k: os.environ.get(k) for k in ("OOM_SNAPSHOT_ENABLE", "OOM_SNAPSHOT_PATH")}
+        seen = []
+        with tempfile.TemporaryDirectory() as tmp:
+            os.environ.update(OOM_SNAPSHOT_ENABLE="1", OOM_SNAPSHOT_PATH=tmp)
+            try:
+                npu_alloc.install()
+                self.assertTrue(self.torch_npu._C._npu_isHistoryEnabled())
+                self.torch_npu._C._npu_attach_out_of_memory_observer(
+                    lambda *args: seen.append(args))
+                with self.assertRaises(npu_alloc.OutOfMemoryError):
+                    npu_alloc.malloc(8 << 30, 0)
+                (path,) = glob.glob(os.path.join(tmp, "oom_snapshot_%d_*.pickle" % os.getpid()))
+                with open(path, "rb") as f:
+                    snap = pickle.load(f)
+                self.assertIn("oom", [e["action"] for e in snap["device_traces"][0]])
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+        # The observer torch_npu's binding attached: (device, segment size, total, free).
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0][:3], (0, (8 << 30) + (2 << 20), 1 << 30))
+
+    def test_a_stream_reuse_mode_torch_npu_reads_as_2_is_not_warned_about(self):
+        import warnings
+        os.environ["MULTI_STREAM_MEMORY_REUSE"] = " 02"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            npu_alloc.install()
+
     def test_devices_are_read_as_torch_reads_them(self):
         self.assertEqual(npu_alloc._device("npu:1"), 1)
-        self.assertEqual(npu_alloc._device("npu"), 0)  # the current device
+        self.calls["current_device"] = 1
+        self.assertEqual(npu_alloc._device("npu"), 1)  # the current device
         self.assertEqual(npu_alloc._device(_Namespace(type="npu", index=1)), 1)
-        self.assertEqual(npu_alloc._device(_Namespace(type="npu", index=None)), 0)
+        self.assertEqual(npu_alloc._device(_Namespace(type="npu", index=None)), 1)
         for bad in ("cuda:0", "npu:x", _Namespace(type="cpu", index=None)):
             with self.assertRaises(ValueError):
                 npu_alloc._device(bad)

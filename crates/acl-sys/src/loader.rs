@@ -158,8 +158,10 @@ where
 /// What a failed probe for an already loaded library is listed as in [`AclError::NotFound`].
 pub(crate) const NOT_LOADED: &str = "not loaded by this process";
 
-/// A new handle to `name` if the process has already loaded a library of that file name or
-/// soname (`dlopen` with `RTLD_NOLOAD`): nothing is loaded and no initialiser runs.
+/// A new handle to `name` if the process has already loaded it (`dlopen` with `RTLD_NOLOAD`):
+/// nothing is loaded and no initialiser runs. glibc matches the names a library was opened
+/// under (a `DT_NEEDED` entry's, as when torch_npu links `libascendcl.so`) and its soname; a
+/// copy opened by a full path, without that soname, is not found.
 fn open_loaded(name: &str) -> core::result::Result<Library, LoadAttempt> {
     let attempt = |error: String| LoadAttempt {
         path: PathBuf::from(format!("{name} (already loaded)")),
@@ -238,10 +240,18 @@ impl Lib {
     where
         F: Fn(&str) -> Option<OsString>,
     {
-        let chosen = usize::from(explicit.is_some())
-            + usize::from(env(LIB_ENV_VAR).is_some_and(|v| !v.is_empty()));
+        // The paths named (the first one or two candidates, one if both name the same path).
+        let variable = env(LIB_ENV_VAR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
+        let is_named = |p: &PathBuf| explicit == Some(p.as_path()) || variable.as_ref() == Some(p);
         let candidates = candidate_paths(explicit, env);
-        let (named, searched_for) = candidates.split_at(chosen.min(candidates.len()));
+        let chosen = candidates
+            .iter()
+            .take(2)
+            .take_while(|p| is_named(p))
+            .count();
+        let (named, searched_for) = candidates.split_at(chosen);
         let mut searched = Vec::new();
         // SAFETY: forwarded to the caller.
         if let Some(found) = unsafe { try_each(named, &mut searched) } {
@@ -514,6 +524,34 @@ mod tests {
                 let mut want = expected.clone();
                 want.insert(1, probe.path);
                 assert_eq!(tried, want);
+            }
+            Err(AclError::MissingSymbols { .. }) | Ok(_) => {}
+            Err(other) => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_probe_comes_right_after_the_named_paths_even_when_they_are_one() {
+        let missing = "/nonexistent-acl-sys/same.so";
+        let env = env_of(&[
+            ("NPU_ALLOC_ACL_LIB", missing),
+            ("ASCEND_HOME_PATH", "/nonexistent-acl-sys/home"),
+        ]);
+        // SAFETY: none of the paths exists; the rest are the installed driver's locations.
+        match unsafe { Lib::search_with_env(Some(Path::new(missing)), &env) } {
+            Err(AclError::NotFound { searched }) => {
+                let tried: Vec<_> = searched
+                    .iter()
+                    .map(|a| a.path.display().to_string())
+                    .collect();
+                assert_eq!(
+                    tried[..3],
+                    [
+                        missing.to_owned(),
+                        "libascendcl.so (already loaded)".to_owned(),
+                        "/nonexistent-acl-sys/home/lib64/libascendcl.so".to_owned(),
+                    ]
+                );
             }
             Err(AclError::MissingSymbols { .. }) | Ok(_) => {}
             Err(other) => panic!("unexpected {other:?}"),

@@ -14,13 +14,21 @@
 //!   peaks are the recorded window's.
 //! - Streams are renumbered: torch's stream 0 stays 0, the others get 1, 2, … in order of first
 //!   appearance; the streams of delayed frees come after them.
-//! - Segment, out-of-memory, snapshot and annotation entries are skipped (counted in
-//!   [`ImportSummary`]); so is what does not pair up (a free of an address freed already, an
-//!   `alloc` of an address still live), each counted as a warning.
+//! - The caller's releases come back: a run of segment frees that is the caller's
+//!   (`empty_cache`; see [`release_runs`] for how it is told from GC's and the retry chain's)
+//!   becomes `empty_cache`, and with a capacity each `oom` entry becomes an `alloc` of its size
+//!   and its `free`. The allocator's own segment entries, snapshot and annotation entries are
+//!   skipped (counted in [`ImportSummary`]); so is what does not pair up (a free of an address
+//!   freed already, an `alloc` of an address still live), each counted as a warning.
 //! - torch_npu's snapshots carry no allocator settings: expandable segments (an `is_expandable`
 //!   segment, a `segment_map` entry) turn `expandable_segments:True` on in the trace's `conf`.
-//!   Settings with blanks are written in their canonical form. Private pools are not imported:
-//!   their blocks replay in the default pools (an [`ImportNote`] says how many segments).
+//!   Settings with blanks are written in their canonical form.
+//! - Private pools come back when the entries name their pool (torch_npu's per-entry
+//!   `pool_id`): `pool` at the first allocation, `use_pool` around each, `release_pool` at the
+//!   first segment free that is not the requesting pool's own retry. Their `use_on_oom` /
+//!   `no_split` and memory-saver tags are not in a snapshot: they come back as plain pools.
+//!   From PyTorch's entries, which name none, their blocks replay in the default pools (an
+//!   [`ImportNote`] says how many segments).
 //! - torch_npu's workspace allocator (`NPUWorkspaceAllocator`) takes device memory outside the
 //!   caching allocator, and its snapshot adds that memory as segments and, at the front of
 //!   the trace, a `workspace_snapshot`, `segment_alloc` and `alloc` for each block. None of it
@@ -94,9 +102,9 @@ pub struct ImportSummary {
     pub frees: u64,
     /// Frees completed later, on another stream's work (`record` + `complete` pairs).
     pub delayed_frees: u64,
-    /// `empty_cache` lines: runs of `segment_free` / `segment_unmap` entries that no segment
-    /// request or out-of-memory follows (the caller's `empty_cache`, not the allocator's GC or
-    /// retry chain).
+    /// `empty_cache` lines: runs of `segment_free` / `segment_unmap` entries judged the
+    /// caller's (`release_runs`: no segment request or out-of-memory follows, or the request
+    /// would have fitted without the release), not the allocator's GC or retry chain.
     pub empty_caches: u64,
     /// Failed requests (`oom` entries) replayed as an `alloc` of their size and its `free`
     /// (skipped when the replay fails it too); only with a capacity.
@@ -236,7 +244,7 @@ impl Imported {
         ));
         if s.empty_caches > 0 {
             out.push_str(&format!(
-                "# empty_cache: {} (runs of segment frees that no segment request or oom follows)\n",
+                "# empty_cache: {} (runs of segment frees judged the caller's: no segment request or oom follows, or the request fitted without them)\n",
                 s.empty_caches
             ));
         }
@@ -562,7 +570,9 @@ pub fn import_snapshot(
             size,
             stream: streams.id(stream),
         };
-        pools.alloc(&mut trace, pool, alloc);
+        if !pools.alloc(&mut trace, pool, alloc) {
+            continue; // cannot happen: no pool is released before the history
+        }
         match never_completes {
             Some(s) if pending => {
                 trace.push(OpKind::Record { id, stream: s });
@@ -584,23 +594,23 @@ pub fn import_snapshot(
     let mut pending: HashMap<i64, u64> = HashMap::new(); // addr → its stream
     let mut idle_streams: Vec<u64> = Vec::new();
     let mut next_alloc = 0u64;
-    // Whether the previous entry was part of a run of segment frees (a release).
-    let mut in_release = false;
     let end_reserved = segments
         .iter()
         .fold(0i64, |sum, s| sum.saturating_add(s.total_size));
+    // The settings the snapshot was taken under; torch_npu's snapshots have none, and are then
+    // taken to have had no GC and no fraction, as the trace replays them.
+    let conf = trace
+        .conf
+        .as_deref()
+        .map(|c| alloc_conf::parse(c).conf)
+        .unwrap_or_default();
     let capacity = options.capacity.map(|c| {
-        i64::try_from(c)
-            .unwrap_or(i64::MAX)
-            .saturating_sub(summary.workspace_bytes as i64)
+        let usable = c.saturating_sub(summary.workspace_bytes);
+        let limit = (conf.per_process_memory_fraction * usable as f64) as u64;
+        i64::try_from(limit).unwrap_or(i64::MAX)
     });
-    let gc = trace.conf.as_deref().is_some_and(|c| {
-        alloc_conf::parse(c)
-            .conf
-            .garbage_collection_threshold
-            .is_some()
-    });
-    let callers = callers_releases(entries, &workspace, end_reserved, capacity, gc);
+    let gc = conf.garbage_collection_threshold.is_some();
+    let runs = release_runs(entries, &workspace, end_reserved, capacity, gc);
     for (i, e) in entries.iter().enumerate() {
         if let Some(tick) = progress
             && i % 65_536 == 0
@@ -610,23 +620,20 @@ pub fn import_snapshot(
         if workspace.entries.contains(&i) {
             continue;
         }
-        let releasing = in_release;
-        in_release = false;
         let addr = match (&e.action, e.addr) {
-            (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => {
-                // A free completed by a release's synchronize comes inside the release's run.
-                in_release = releasing && e.action == Action::FreeCompleted;
-                a
-            }
+            (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, Some(a)) => a,
             (Action::Alloc | Action::FreeRequested | Action::FreeCompleted, None) => {
                 warn(&mut summary.warnings, "entry without an address", Some(i));
                 continue;
             }
             (Action::SegmentFree | Action::SegmentUnmap, _) => {
-                in_release = true;
-                // torch frees a private pool's segment only once the pool is released.
-                pools.release(&mut trace, pool_of(e));
-                if !releasing && callers.contains(&i) {
+                let run = runs[&i];
+                // torch frees a private pool's segment only once the pool is released, except
+                // the requesting pool's own, on the way to its request.
+                if run.request_pool != Some(pool_of(e)) {
+                    pools.release(&mut trace, pool_of(e));
+                }
+                if run.start == i && run.callers && !run.pools_only {
                     trace.push(OpKind::EmptyCache {
                         free_physical: true,
                     });
@@ -638,15 +645,23 @@ pub fn import_snapshot(
                     .or_insert(0) += 1;
                 continue;
             }
-            (Action::Oom, _) if options.capacity.is_some() && e.size >= 0 => {
+            (Action::Oom, _) if e.size < 0 => {
+                warn(&mut summary.warnings, "oom of a negative size", Some(i));
+                continue;
+            }
+            (Action::Oom, _) if options.capacity.is_some() => {
                 let id = trace.add_id(format!("o{}", summary.failed_requests));
-                trace.push(OpKind::Alloc {
+                let alloc = OpKind::Alloc {
                     id,
                     size: e.size as u64,
                     stream: streams.id(e.stream),
-                });
-                trace.push(OpKind::Free { id });
-                summary.failed_requests += 1;
+                };
+                if pools.alloc(&mut trace, pool_of(e), alloc) {
+                    trace.push(OpKind::Free { id });
+                    summary.failed_requests += 1;
+                } else {
+                    warn(&mut summary.warnings, ALLOC_TO_RELEASED_POOL, Some(i));
+                }
                 continue;
             }
             (other, _) => {
@@ -676,7 +691,11 @@ pub fn import_snapshot(
                     size,
                     stream: streams.id(e.stream),
                 };
-                pools.alloc(&mut trace, pool_of(e), alloc);
+                if !pools.alloc(&mut trace, pool_of(e), alloc) {
+                    by_addr.remove(&addr);
+                    warn(&mut summary.warnings, ALLOC_TO_RELEASED_POOL, Some(i));
+                    continue;
+                }
                 summary.allocs += 1;
             }
             Action::FreeRequested => {
@@ -742,6 +761,10 @@ pub fn import_snapshot(
     Ok(Imported { trace, summary })
 }
 
+/// The warning for an allocation to a pool whose segments the history has freed already.
+const ALLOC_TO_RELEASED_POOL: &str =
+    "allocation to a private pool after one of its segments was freed (its release)";
+
 /// torch's id of the default pools.
 const DEFAULT_POOL: PoolKey = (0, 0);
 
@@ -779,16 +802,21 @@ impl Pools {
             .clone()
     }
 
-    /// Pushes `alloc`, inside `use_pool` for a private pool.
-    fn alloc(&mut self, trace: &mut Trace, pool: PoolKey, alloc: OpKind) {
+    /// Pushes `alloc`, inside `use_pool` for a private pool; `false` (nothing pushed) for a
+    /// pool released already, which torch would not allocate to (its ids are not reused).
+    fn alloc(&mut self, trace: &mut Trace, pool: PoolKey, alloc: OpKind) -> bool {
         if pool == DEFAULT_POOL || !self.enabled {
             trace.push(alloc);
-            return;
+            return true;
+        }
+        if self.released.contains(&pool) {
+            return false;
         }
         let name = self.name(trace, pool);
         trace.push(OpKind::Pool(PoolOp::Use(name)));
         trace.push(alloc);
         trace.push(OpKind::Pool(PoolOp::End));
+        true
     }
 
     /// Releases a private pool once: a segment of it was freed, which torch does only for a
@@ -801,23 +829,39 @@ impl Pools {
     }
 }
 
-/// The entries where a run of segment frees starts that is the caller's release
-/// (`empty_cache`, a pool's release) rather than the allocator's own. GC and the retry chain
-/// release segments only on the way to a segment request, so their runs end in a
-/// `segment_alloc` / `segment_map`, or in the `oom` of the request that still failed; a run
-/// that ends otherwise is the caller's. One that ends in a segment request is the caller's
-/// too when that request would have fitted without a release: the bytes reserved before the
-/// run plus the request's are within `bound` (the device's capacity less the workspace, when
-/// known; else the history's peak of reserved bytes, which the device did hold), and GC is
-/// off (it releases on the way to requests that fit). A run goes on through segment frees, the
-/// frees its synchronize completed, and workspace entries.
-fn callers_releases(
+/// A run of segment frees (`segment_free` / `segment_unmap`), as [`release_runs`] judges it.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    /// The entry the run starts at.
+    start: usize,
+    /// Whether it is the caller's release (`empty_cache`, a pool's release) rather than the
+    /// allocator's own.
+    callers: bool,
+    /// The pool of the segment request or `oom` the run ends in, if it does: the retry chain
+    /// (`release_available_cached_blocks`) frees the requesting pool's own cached segments,
+    /// which releases no pool.
+    request_pool: Option<PoolKey>,
+    /// Whether every segment it frees is a private pool's: the caller's release of pools (a
+    /// `MemPool` deleted), which `release_pool` replays without an `empty_cache`.
+    pools_only: bool,
+}
+
+/// Each segment free's run. GC and the retry chain release segments only on the way to a
+/// segment request, so their runs end in a `segment_alloc` / `segment_map`, or in the `oom` of
+/// the request that still failed; a run that ends otherwise is the caller's. One that ends in
+/// a segment request is the caller's too when that request would have fitted without a
+/// release: the bytes reserved before the run plus the request's within `bound` (the device's
+/// capacity less the workspace, times the configured fraction, when known; else the history's
+/// peak of reserved bytes, which the device did hold), and GC off (it releases on the way to
+/// requests that fit). A run goes on through segment frees, the frees its synchronize
+/// completed, and workspace entries.
+fn release_runs(
     entries: &[TraceEntry],
     workspace: &Workspace,
     end_reserved: i64,
     bound: Option<i64>,
     gc: bool,
-) -> HashSet<usize> {
+) -> HashMap<usize, Run> {
     let is_release = |a: &Action| matches!(a, Action::SegmentFree | Action::SegmentUnmap);
     let counted = |i: usize| !workspace.entries.contains(&i);
     // The bytes reserved just before each entry, walked back from the end state.
@@ -839,14 +883,19 @@ fn callers_releases(
         before[i] = reserved;
     }
     let bound = bound.unwrap_or_else(|| before.iter().copied().fold(end_reserved, i64::max));
-    let mut starts = HashSet::new();
-    let mut in_run = false;
+    let mut runs = HashMap::new();
+    let mut run: Option<Run> = None;
     for (i, e) in entries.iter().enumerate() {
         if !counted(i) {
             continue;
         }
-        let releasing = is_release(&e.action);
-        if releasing && !in_run {
+        if !is_release(&e.action) {
+            if e.action != Action::FreeCompleted {
+                run = None;
+            }
+            continue;
+        }
+        let current = *run.get_or_insert_with(|| {
             let next = entries
                 .iter()
                 .enumerate()
@@ -855,18 +904,29 @@ fn callers_releases(
                     counted(j) && !is_release(&n.action) && n.action != Action::FreeCompleted
                 })
                 .map(|(_, n)| n);
-            let callers = match next {
-                Some(n) if matches!(n.action, Action::SegmentAlloc | Action::SegmentMap) => {
-                    !gc && before[i].saturating_add(n.size) <= bound
-                }
-                Some(n) => n.action != Action::Oom,
-                None => true,
+            let (callers, request_pool) = match next {
+                Some(n) if matches!(n.action, Action::SegmentAlloc | Action::SegmentMap) => (
+                    !gc && before[i].saturating_add(n.size) <= bound,
+                    Some(pool_of(n)),
+                ),
+                Some(n) if n.action == Action::Oom => (false, Some(pool_of(n))),
+                _ => (true, None),
             };
-            if callers {
-                starts.insert(i);
+            let pools_only = entries
+                .iter()
+                .enumerate()
+                .skip(i)
+                .filter(|&(j, _)| counted(j))
+                .take_while(|(_, n)| is_release(&n.action) || n.action == Action::FreeCompleted)
+                .all(|(_, n)| !is_release(&n.action) || pool_of(n) != DEFAULT_POOL);
+            Run {
+                start: i,
+                callers,
+                request_pool,
+                pools_only,
             }
-        }
-        in_run = releasing || (in_run && e.action == Action::FreeCompleted);
+        });
+        runs.insert(i, current);
     }
-    starts
+    runs
 }

@@ -533,8 +533,9 @@ fn round_trip(
     alloc_trace::Imported,
     alloc_trace::Report,
 ) {
+    let conf_of = |t: &alloc_trace::Trace| alloc_conf::parse(t.conf.as_deref().unwrap_or("")).conf;
     let original = parse_str("t.trace", text).unwrap();
-    let setup = Setup::from_trace(&original, Default::default(), None, None);
+    let setup = Setup::from_trace(&original, conf_of(&original), None, None);
     let observe = Observe {
         history: Some(1 << 20),
         ..Observe::default()
@@ -555,7 +556,7 @@ fn round_trip(
     let parsed = parse_str("imported.trace", &text).unwrap();
     let again = replay(
         &parsed,
-        &Setup::from_trace(&parsed, Default::default(), None, None),
+        &Setup::from_trace(&parsed, conf_of(&parsed), None, None),
     )
     .unwrap();
     (report, imported, again)
@@ -675,4 +676,50 @@ fn private_pools_come_back_from_torch_npus_per_entry_pool_ids() {
         again.end.stats.reserved_bytes.all.current,
         report.end.stats.reserved_bytes.all.current
     );
+}
+
+/// The retry chain's releases are left to the replay's allocator: with `max_split_size_mb` it
+/// frees the requesting private pool's own cached segment (a pool that stays in use, so no
+/// `release_pool`), and under a fraction a request past the limit releases too, though the
+/// device's capacity would have held it.
+#[test]
+fn the_retry_chains_releases_in_a_pool_and_under_a_fraction_stay_the_allocators() {
+    let text = "capacity 100M\nconf max_split_size_mb:25\npool P\nuse_pool P\nalloc a 30M\n\
+                end_pool\nfree a\nalloc d 50M\nuse_pool P\nalloc b 40M\nend_pool\nuse_pool P\n\
+                alloc c 1M\nend_pool\nfree b\nfree c\nfree d\nrelease_pool P\n";
+    let (report, imported, again) = round_trip(text);
+    assert_eq!(report.end.stats.num_alloc_retries, 2);
+    assert!(
+        imported.summary.warnings.is_empty(),
+        "{:?}",
+        imported.summary.warnings
+    );
+    let text = imported.to_text("t");
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.starts_with("release_pool"))
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        !text.contains("empty_cache\n"),
+        "a pool's release only: {text}"
+    );
+    assert_eq!((report.counts.ooms, again.counts.ooms), (1, 1));
+    assert_eq!(
+        again.end.stats.num_alloc_retries,
+        report.end.stats.num_alloc_retries
+    );
+    assert_eq!(
+        again.end.stats.reserved_bytes.all.current,
+        report.end.stats.reserved_bytes.all.current
+    );
+
+    let text = "capacity 100M\nconf per_process_memory_fraction:0.5\nalloc a 30M\nfree a\n\
+                alloc b 40M\nfree b\n";
+    let (report, imported, again) = round_trip(text);
+    assert_eq!(report.end.stats.num_alloc_retries, 1);
+    assert_eq!(imported.summary.empty_caches, 0);
+    assert_eq!(again.end.stats.num_alloc_retries, 1);
 }

@@ -530,6 +530,29 @@ pub extern "C" fn npu_alloc_set_per_process_memory_fraction(
     })
 }
 
+/// `torch.npu.get_per_process_memory_fraction(device)` into `*fraction`: the fraction set for
+/// the device, 1.0 when unlimited.
+///
+/// # Safety
+/// `fraction` is a writable `double`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_get_per_process_memory_fraction(
+    device: c_int,
+    fraction: *mut f64,
+) -> NpuAllocStatus {
+    status(|| {
+        if fraction.is_null() {
+            return Err(Fail::invalid(
+                "get_per_process_memory_fraction: null pointer",
+            ));
+        }
+        let value = runtime()?.get_per_process_memory_fraction(self::device(device)?)?;
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *fraction = value };
+        Ok(())
+    })
+}
+
 /// `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
 /// string (an unknown key, a bad value: the rest of the string still applies) is written to
 /// stderr.
@@ -546,18 +569,6 @@ pub unsafe extern "C" fn npu_alloc_set_allocator_settings(
         // Each warning reaches stderr through the runtime's log (once per text, as torch's
         // TORCH_WARN_ONCE).
         runtime()?.set_allocator_settings(s);
-        Ok(())
-    })
-}
-
-/// `torch.npu.memory._record_memory_history(enabled, max_entries)`.
-#[unsafe(no_mangle)]
-pub extern "C" fn npu_alloc_record_memory_history(
-    enabled: bool,
-    max_entries: usize,
-) -> NpuAllocStatus {
-    status(|| {
-        runtime()?.record_memory_history(enabled, max_entries);
         Ok(())
     })
 }

@@ -62,21 +62,31 @@ pub extern "C" fn npu_alloc_set_drain_hook(hook: Option<extern "C" fn(c_int) -> 
 fn set(slot: &AtomicUsize, hook: Option<NpuAllocSyncHook>) {
     // A panic (a poisoned lock) stays on this side.
     crate::error::or((), || {
-        let started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
-        slot.store(hook.map_or(0, |h| h as usize), Ordering::Release);
-        // A runtime that has started (its start finishing, at worst) gets the hook now; one
-        // that has not reads it when it starts.
-        if *started && let Some(rt) = started_runtime() {
-            apply(rt);
-        }
+        before_start(|rt| {
+            slot.store(hook.map_or(0, |h| h as usize), Ordering::Release);
+            if let Some(rt) = rt {
+                apply(rt);
+            }
+        });
         Ok(())
     });
 }
 
-/// Gives a runtime that is starting the hooks in force, and marks the start.
+/// Runs `set` for a setting that does not start the library, under the lock that orders it
+/// against the start: with the runtime when it has started (its start finishing, at worst),
+/// which must be given the setting now; with `None` before, when the start reads it.
+pub(crate) fn before_start<T>(
+    set: impl FnOnce(Option<&'static npu_runtime::NpuAllocator>) -> T,
+) -> T {
+    let started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
+    set(if *started { started_runtime() } else { None })
+}
+
+/// Gives a runtime that is starting the hooks and the observers in force, and marks the start.
 pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
     let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
     apply(rt);
+    crate::observe::apply_at_start(rt);
     *started = true;
 }
 

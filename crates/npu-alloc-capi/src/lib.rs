@@ -21,8 +21,10 @@
 mod error;
 mod exports;
 mod hook;
+mod observe;
 mod stderr_log;
 
 pub use error::NpuAllocStatus;
 pub use exports::*;
 pub use hook::{NpuAllocSyncHook, npu_alloc_acl_synchronize, npu_alloc_set_synchronize_hook};
+pub use observe::*;

@@ -45,6 +45,17 @@ static int drain(int device) {
   return 0;
 }
 
+static int oom_calls = 0;
+static int64_t oom_args[4];
+static void oom_observer(int64_t device, int64_t alloc_size, int64_t device_total,
+                         int64_t device_free) {
+  oom_calls++;
+  oom_args[0] = device;
+  oom_args[1] = alloc_size;
+  oom_args[2] = device_total;
+  oom_args[3] = device_free;
+}
+
 static int (*acl_set_device)(int32_t);
 static int (*acl_get_device)(int32_t *);
 
@@ -73,6 +84,10 @@ int main(void) {
   /* Setting the hook does not start the library: torch_npu's aclInit comes first. */
   npu_alloc_set_synchronize_hook(hook);
   npu_alloc_set_synchronize_hook(NULL);
+  /* Nor does attaching an out-of-memory observer (torch_npu's OOM_SNAPSHOT_ENABLE does it at its
+     own start). */
+  CHECK(npu_alloc_attach_out_of_memory_observer(oom_observer) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_attach_out_of_memory_observer(NULL) == NpuAllocStatus_InvalidArgument);
   CHECK(acl_calls("aclInit") == 0);
   npu_alloc_init(2);
   CHECK(acl_calls("aclInit") == 1);
@@ -125,13 +140,17 @@ int main(void) {
   CHECK(npu_alloc_malloc(1000, 7, NULL) == NULL);
   CHECK(npu_alloc_set_per_process_memory_fraction(NAN, 0) == NpuAllocStatus_InvalidArgument);
   CHECK(npu_alloc_set_per_process_memory_fraction(0.5, 0) == NpuAllocStatus_Ok);
+  double fraction = 0;
+  CHECK(npu_alloc_get_per_process_memory_fraction(0, &fraction) == NpuAllocStatus_Ok);
+  CHECK(fraction == 0.5);
+  CHECK(npu_alloc_get_per_process_memory_fraction(0, NULL) == NpuAllocStatus_InvalidArgument);
   npu_alloc_set_memory_fraction(1.0, 0);
   /* The void hooks report a refusal on stderr (c_abi.rs reads it) and in the last error. */
   npu_alloc_set_memory_fraction(2.0, 0);
   npu_alloc_reset_peak_stats(9);
   char hook_err[512];
   CHECK(npu_alloc_last_error(hook_err, sizeof hook_err) > 1);
-  CHECK(strstr(hook_err, "9") != NULL);
+  CHECK(strstr(hook_err, "Invalid device argument 9") != NULL);
   npu_alloc_free((void *)0x1234, 8, 0, NULL);
   char err[512];
   CHECK(npu_alloc_last_error(err, sizeof err) > 1);
@@ -146,6 +165,11 @@ int main(void) {
   void *c = (void *)0x1;
   CHECK(npu_alloc_malloc_checked((size_t)8 << 30, 0, NULL, &c) == NpuAllocStatus_OutOfMemory);
   CHECK(c == (void *)0x1);
+  /* Each out-of-memory error reached the observer: the segment it tried to get (8 GiB + the
+     pad, rounded to 2 MiB) and the device's total (no fraction below 1 is set). */
+  CHECK(oom_calls == 2);
+  CHECK(oom_args[0] == 0 && oom_args[1] == ((int64_t)8 << 30) + (2 << 20));
+  CHECK(oom_args[2] == (int64_t)1 << 30 && oom_args[3] > 0 && oom_args[3] <= (int64_t)1 << 30);
   CHECK(npu_alloc_malloc_checked(1000, 7, NULL, &c) == NpuAllocStatus_InvalidArgument);
   CHECK(npu_alloc_malloc_checked(1000, 0, NULL, NULL) == NpuAllocStatus_InvalidArgument);
   CHECK(npu_alloc_malloc_checked(0, 0, NULL, &c) == NpuAllocStatus_Ok && c == NULL);
@@ -156,7 +180,13 @@ int main(void) {
   /* Applied, with a warning on stderr for the key it does not know. */
   CHECK(npu_alloc_set_allocator_settings("bogus_key:7,max_split_size_mb:64") == NpuAllocStatus_Ok);
   CHECK(npu_alloc_set_allocator_settings(NULL) == NpuAllocStatus_InvalidArgument);
+  bool history = true;
+  CHECK(npu_alloc_is_history_enabled(&history) == NpuAllocStatus_Ok);
+  CHECK(!history);
   CHECK(npu_alloc_record_memory_history(true, 1000) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_is_history_enabled(&history) == NpuAllocStatus_Ok);
+  CHECK(history);
+  CHECK(npu_alloc_is_history_enabled(NULL) == NpuAllocStatus_InvalidArgument);
 
   uint64_t pool = 0;
   CHECK(npu_alloc_mem_pool_create(0, &pool) == NpuAllocStatus_Ok);
