@@ -570,9 +570,7 @@ pub fn import_snapshot(
             size,
             stream: streams.id(stream),
         };
-        if !pools.alloc(&mut trace, pool, alloc) {
-            continue; // cannot happen: no pool is released before the history
-        }
+        pools.alloc(&mut trace, pool, alloc);
         match never_completes {
             Some(s) if pending => {
                 trace.push(OpKind::Record { id, stream: s });
@@ -650,18 +648,19 @@ pub fn import_snapshot(
                 continue;
             }
             (Action::Oom, _) if options.capacity.is_some() => {
+                if pools.released(pool_of(e)) {
+                    warn(&mut summary.warnings, ALLOC_TO_RELEASED_POOL, Some(i));
+                    continue;
+                }
                 let id = trace.add_id(format!("o{}", summary.failed_requests));
                 let alloc = OpKind::Alloc {
                     id,
                     size: e.size as u64,
                     stream: streams.id(e.stream),
                 };
-                if pools.alloc(&mut trace, pool_of(e), alloc) {
-                    trace.push(OpKind::Free { id });
-                    summary.failed_requests += 1;
-                } else {
-                    warn(&mut summary.warnings, ALLOC_TO_RELEASED_POOL, Some(i));
-                }
+                pools.alloc(&mut trace, pool_of(e), alloc);
+                trace.push(OpKind::Free { id });
+                summary.failed_requests += 1;
                 continue;
             }
             (other, _) => {
@@ -683,6 +682,10 @@ pub fn import_snapshot(
                     warn(&mut summary.warnings, "alloc of a negative size", Some(i));
                     continue;
                 };
+                if pools.released(pool_of(e)) {
+                    warn(&mut summary.warnings, ALLOC_TO_RELEASED_POOL, Some(i));
+                    continue;
+                }
                 let id = trace.add_id(format!("a{next_alloc}"));
                 next_alloc += 1;
                 by_addr.insert(addr, id);
@@ -691,11 +694,7 @@ pub fn import_snapshot(
                     size,
                     stream: streams.id(e.stream),
                 };
-                if !pools.alloc(&mut trace, pool_of(e), alloc) {
-                    by_addr.remove(&addr);
-                    warn(&mut summary.warnings, ALLOC_TO_RELEASED_POOL, Some(i));
-                    continue;
-                }
+                pools.alloc(&mut trace, pool_of(e), alloc);
                 summary.allocs += 1;
             }
             Action::FreeRequested => {
@@ -802,21 +801,22 @@ impl Pools {
             .clone()
     }
 
-    /// Pushes `alloc`, inside `use_pool` for a private pool; `false` (nothing pushed) for a
-    /// pool released already, which torch would not allocate to (its ids are not reused).
-    fn alloc(&mut self, trace: &mut Trace, pool: PoolKey, alloc: OpKind) -> bool {
+    /// Whether `pool` is a private pool released already, which torch would not allocate to
+    /// (its ids are not reused): its allocations are left out.
+    fn released(&self, pool: PoolKey) -> bool {
+        self.enabled && self.released.contains(&pool)
+    }
+
+    /// Pushes `alloc`, inside `use_pool` for a private pool (not [`Pools::released`]).
+    fn alloc(&mut self, trace: &mut Trace, pool: PoolKey, alloc: OpKind) {
         if pool == DEFAULT_POOL || !self.enabled {
             trace.push(alloc);
-            return true;
-        }
-        if self.released.contains(&pool) {
-            return false;
+            return;
         }
         let name = self.name(trace, pool);
         trace.push(OpKind::Pool(PoolOp::Use(name)));
         trace.push(alloc);
         trace.push(OpKind::Pool(PoolOp::End));
-        true
     }
 
     /// Releases a private pool once: a segment of it was freed, which torch does only for a
