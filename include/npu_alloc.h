@@ -434,8 +434,12 @@ int npu_alloc_acl_synchronize(int device);
 
 /**
  * torch_npu's `attachOutOfMemoryObserver` (`torch.npu.memory._attach_out_of_memory_observer`):
- * `observer` is called after each out-of-memory error (see [`NpuAllocOomObserver`]). NULL is
- * `InvalidArgument`. Does not start the library.
+ * `observer(device, alloc_size, device_total, device_free)` is called after each out-of-memory
+ * error, with no npu-alloc lock held, on the thread that ran out: the segment size the
+ * allocator tried to get, the memory it may use (the fraction's limit, else the device's
+ * total) and the device's free memory (0 where the device did not report them). It must
+ * return, not throw. Observers cannot be detached. NULL is `InvalidArgument`. Does not start
+ * the library.
  */
 enum NpuAllocStatus npu_alloc_attach_out_of_memory_observer(void (*observer)(int64_t,
                                                                              int64_t,

@@ -716,7 +716,7 @@ def _record_history(enabled, context=None, stacks=None, max_entries=100000, *arg
 def _history_enabled():
     """torch_npu's ``_npu_isHistoryEnabled``."""
     enabled = ctypes.c_bool()
-    _check(_load().npu_alloc_is_history_enabled(ctypes.byref(enabled)))
+    _check(_load(start=False).npu_alloc_is_history_enabled(ctypes.byref(enabled)))
     return enabled.value
 
 
@@ -741,7 +741,10 @@ def _oom_snapshots():
     def dump(device, alloc_size, device_total, device_free):
         if _installed is None:  # observers stay attached; the dumps are install()'s
             return
-        directory = os.path.realpath(os.environ.get("OOM_SNAPSHOT_PATH") or "./")
+        # torch_npu's GetOomSnapshotDumpPath: "./" when unset; set, it must resolve (an empty
+        # one does not).
+        path = os.environ.get("OOM_SNAPSHOT_PATH", "./")
+        directory = os.path.realpath(path) if path else ""
         if not os.path.isdir(directory):
             raise NpuAllocError("`OOM_SNAPSHOT_PATH` is invalid.", _INVALID)
         import time

@@ -62,6 +62,9 @@ pub enum PoolError {
     AlreadyEntered(PoolId),
     /// No scope is allocating to this pool on this device.
     NotEntered(PoolId),
+    /// The pool is a memory-saver tag's: only its regions allocate to it and hold it (a block
+    /// routed there otherwise would be unmapped with the tag at its next pause).
+    SaverPool(PoolId),
 }
 
 impl fmt::Display for PoolError {
@@ -90,6 +93,10 @@ impl fmt::Display for PoolError {
                     "no scope is allocating to private pool {id} on this device"
                 )
             }
+            PoolError::SaverPool(id) => write!(
+                f,
+                "private pool {id} is a memory-saver tag's: use its regions, not the pool calls"
+            ),
             PoolError::NoVirtualMemory => f.write_str(
                 "the memory saver needs virtual memory (aclrtReserveMemAddress and friends), \
                  which the device does not have",
@@ -341,7 +348,7 @@ impl<D: crate::Device> crate::Allocator<D> {
     /// a scope allocates to, one released to use count 0, or a paused memory-saver tag's is
     /// passed over.
     pub fn set_use_on_oom(&mut self, id: PoolId, on: bool) -> Result<(), PoolError> {
-        self.private_pool_mut(id)?.use_on_oom = on;
+        self.user_pool_mut(id)?.use_on_oom = on;
         self.pools.count_use_on_oom();
         Ok(())
     }
@@ -350,7 +357,7 @@ impl<D: crate::Device> crate::Allocator<D> {
     /// blocks out whole (a request takes a whole cached block or segment, as a block of
     /// `max_split_size` or more is taken). There is no way back, as in torch_npu.
     pub fn set_no_split(&mut self, id: PoolId) -> Result<(), PoolError> {
-        self.private_pool_mut(id)?.no_split = true;
+        self.user_pool_mut(id)?.no_split = true;
         Ok(())
     }
 
@@ -407,6 +414,9 @@ impl<D: crate::Device> crate::Allocator<D> {
             return Ok(());
         };
         let pool = self.pools.private_mut(set).expect("a live set");
+        if pool.saver.is_some() {
+            return Err(PoolError::SaverPool(id));
+        }
         if pool.use_count == 0 {
             return Err(PoolError::Released(id));
         }
@@ -438,6 +448,16 @@ impl<D: crate::Device> crate::Allocator<D> {
         }
         let set = self.pools.set_of(id).ok_or(PoolError::Unknown(id))?;
         Ok(self.pools.private_mut(set).expect("a live set"))
+    }
+
+    /// Pool `id` for the calls of a user's pool (`use_on_oom`, `no_split`): a memory-saver
+    /// tag's pool is refused.
+    fn user_pool_mut(&mut self, id: PoolId) -> Result<&mut PrivatePool<D::Stream>, PoolError> {
+        let pool = self.private_pool_mut(id)?;
+        if pool.saver.is_some() {
+            return Err(PoolError::SaverPool(id));
+        }
+        Ok(pool)
     }
 
     /// torch's `beginAllocateToPool` reference (a `use_mem_pool` scope entering): one more

@@ -602,11 +602,26 @@ pub fn import_snapshot(
         .as_deref()
         .map(|c| alloc_conf::parse(c).conf)
         .unwrap_or_default();
+    // What the device let the allocator have: the fraction's limit of the total, and no more
+    // than the workspace left.
     let capacity = options.capacity.map(|c| {
-        let usable = c.saturating_sub(summary.workspace_bytes);
-        let limit = (conf.per_process_memory_fraction * usable as f64) as u64;
+        let limit = ((conf.per_process_memory_fraction * c as f64) as u64)
+            .min(c.saturating_sub(summary.workspace_bytes));
         i64::try_from(limit).unwrap_or(i64::MAX)
     });
+    // The last entry that allocates in each private pool.
+    let last_use: HashMap<PoolKey, usize> = entries
+        .iter()
+        .enumerate()
+        .filter(|&(j, e)| {
+            !workspace.entries.contains(&j)
+                && matches!(
+                    e.action,
+                    Action::Alloc | Action::Oom | Action::SegmentAlloc | Action::SegmentMap
+                )
+        })
+        .map(|(j, e)| (pool_of(e), j))
+        .collect();
     let gc = conf.garbage_collection_threshold.is_some();
     let runs = release_runs(entries, &workspace, end_reserved, capacity, gc);
     for (i, e) in entries.iter().enumerate() {
@@ -626,16 +641,42 @@ pub fn import_snapshot(
             }
             (Action::SegmentFree | Action::SegmentUnmap, _) => {
                 let run = runs[&i];
-                // torch frees a private pool's segment only once the pool is released, except
-                // the requesting pool's own, on the way to its request.
-                if run.request_pool != Some(pool_of(e)) {
-                    pools.release(&mut trace, pool_of(e));
-                }
-                if run.start == i && run.callers && !run.pools_only {
-                    trace.push(OpKind::EmptyCache {
-                        free_physical: true,
-                    });
-                    summary.empty_caches += 1;
+                if run.start == i {
+                    // The pools this run releases first, then the caller's `empty_cache` unless
+                    // the run frees only the segments of pools it releases (a `MemPool`
+                    // deleted: `release_pool` empties its cache).
+                    let mut released_here = HashSet::new();
+                    let mut more = false;
+                    let member = |j: &usize| runs.get(j).is_some_and(|r| r.start == i);
+                    let within = |j: &usize| {
+                        member(j)
+                            || entries[*j].action == Action::FreeCompleted
+                            || workspace.entries.contains(j)
+                    };
+                    for j in (i..entries.len()).take_while(within).filter(member) {
+                        let pool = pool_of(&entries[j]);
+                        if released_here.contains(&pool) {
+                            continue;
+                        }
+                        // torch frees a private pool's segment only once the pool is released,
+                        // except the requesting pool's own, on the way to its request; a pool
+                        // allocated to later is not released (its ids are never reused), even
+                        // where another thread's entry split the retry chain's run.
+                        let releases = pool != DEFAULT_POOL
+                            && run.request_pool != Some(pool)
+                            && last_use.get(&pool).is_none_or(|&u| u < j);
+                        if releases && pools.release(&mut trace, pool) {
+                            released_here.insert(pool);
+                        } else {
+                            more = true;
+                        }
+                    }
+                    if run.callers && more {
+                        trace.push(OpKind::EmptyCache {
+                            free_physical: true,
+                        });
+                        summary.empty_caches += 1;
+                    }
                 }
                 *summary
                     .skipped
@@ -819,13 +860,15 @@ impl Pools {
         trace.push(OpKind::Pool(PoolOp::End));
     }
 
-    /// Releases a private pool once: a segment of it was freed, which torch does only for a
-    /// released pool.
-    fn release(&mut self, trace: &mut Trace, pool: PoolKey) {
+    /// Releases a private pool once (a segment of it was freed, which torch does only for a
+    /// released pool); whether it did now.
+    fn release(&mut self, trace: &mut Trace, pool: PoolKey) -> bool {
         if pool != DEFAULT_POOL && self.enabled && self.released.insert(pool) {
             let name = self.name(trace, pool);
             trace.push(OpKind::Pool(PoolOp::Release(name)));
+            return true;
         }
+        false
     }
 }
 
@@ -841,9 +884,6 @@ struct Run {
     /// (`release_available_cached_blocks`) frees the requesting pool's own cached segments,
     /// which releases no pool.
     request_pool: Option<PoolKey>,
-    /// Whether every segment it frees is a private pool's: the caller's release of pools (a
-    /// `MemPool` deleted), which `release_pool` replays without an `empty_cache`.
-    pools_only: bool,
 }
 
 /// Each segment free's run. GC and the retry chain release segments only on the way to a
@@ -912,18 +952,10 @@ fn release_runs(
                 Some(n) if n.action == Action::Oom => (false, Some(pool_of(n))),
                 _ => (true, None),
             };
-            let pools_only = entries
-                .iter()
-                .enumerate()
-                .skip(i)
-                .filter(|&(j, _)| counted(j))
-                .take_while(|(_, n)| is_release(&n.action) || n.action == Action::FreeCompleted)
-                .all(|(_, n)| !is_release(&n.action) || pool_of(n) != DEFAULT_POOL);
             Run {
                 start: i,
                 callers,
                 request_pool,
-                pools_only,
             }
         });
         runs.insert(i, current);

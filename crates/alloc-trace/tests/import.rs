@@ -723,3 +723,76 @@ fn the_retry_chains_releases_in_a_pool_and_under_a_fraction_stay_the_allocators(
     assert_eq!(imported.summary.empty_caches, 0);
     assert_eq!(again.end.stats.num_alloc_retries, 1);
 }
+
+/// A released pool's segment that still held a live block is freed by a later `empty_cache`:
+/// that run frees only a pool's segment, but the pool was released before it, so it is the
+/// caller's `empty_cache` all the same.
+#[test]
+fn an_empty_cache_after_a_pools_release_comes_back() {
+    let text = "pad 0\npool p\nuse_pool p\nalloc a 12M\nalloc b 12M\nend_pool\nfree a\n\
+                release_pool p\nfree b\nempty_cache\n";
+    let (report, imported, again) = round_trip(text);
+    assert_eq!(
+        imported.summary.empty_caches,
+        1,
+        "{}",
+        imported.to_text("t")
+    );
+    assert_eq!(report.end.stats.reserved_bytes.all.current, 0);
+    assert_eq!(again.end.stats.reserved_bytes.all.current, 0);
+    assert_eq!(
+        again.end.stats.num_device_free,
+        report.end.stats.num_device_free
+    );
+}
+
+/// A pool's retry chain frees its own cached segment, then synchronizes without the lock,
+/// where another thread's entry may land: the run no longer ends in the pool's request, but
+/// the pool is allocated to later, so it was not released (torch never reuses a pool's id).
+#[test]
+fn a_pool_allocated_to_later_is_not_released_by_a_split_run() {
+    const MIB: i64 = 1 << 20;
+    let pooled = |pool: i64, mut e: TraceEntry| {
+        e.pool_id = Some((0, pool));
+        e
+    };
+    for interleave in [false, true] {
+        let mut history = vec![
+            pooled(1, entry(Action::SegmentAlloc, 0x4000_0000, 20 * MIB, 0, 1)),
+            pooled(1, entry(Action::Alloc, 0x4000_0000, 20 * MIB, 0, 2)),
+            pooled(1, entry(Action::FreeRequested, 0x4000_0000, 20 * MIB, 0, 3)),
+            pooled(1, entry(Action::FreeCompleted, 0x4000_0000, 20 * MIB, 0, 3)),
+            pooled(1, entry(Action::SegmentFree, 0x4000_0000, 20 * MIB, 0, 4)),
+        ];
+        if interleave {
+            history.push(pooled(0, entry(Action::Alloc, 0x10_0000, 512, 0, 5)));
+        }
+        history.extend([
+            pooled(1, entry(Action::SegmentAlloc, 0x8000_0000, 40 * MIB, 0, 6)),
+            pooled(1, entry(Action::Alloc, 0x8000_0000, 40 * MIB, 0, 7)),
+            pooled(1, entry(Action::FreeRequested, 0x8000_0000, 40 * MIB, 0, 8)),
+            pooled(1, entry(Action::FreeCompleted, 0x8000_0000, 40 * MIB, 0, 8)),
+        ]);
+        let state = if interleave {
+            BlockState::ActiveAllocated
+        } else {
+            BlockState::Inactive
+        };
+        let snapshot = Snapshot {
+            segments: vec![small_segment(vec![block(0x10_0000, 2 << 20, state)])],
+            device_traces: vec![history],
+            ..Snapshot::default()
+        };
+        let (imported, lines) = import_lines(&snapshot);
+        assert!(imported.summary.warnings.is_empty(), "{lines:?}");
+        assert!(
+            !lines.iter().any(|l| l.starts_with("release_pool")),
+            "{lines:?}"
+        );
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with("use_pool")).count(),
+            2,
+            "{lines:?}"
+        );
+    }
+}

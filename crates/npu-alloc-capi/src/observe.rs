@@ -46,8 +46,12 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
 }
 
 /// torch_npu's `attachOutOfMemoryObserver` (`torch.npu.memory._attach_out_of_memory_observer`):
-/// `observer` is called after each out-of-memory error (see [`NpuAllocOomObserver`]). NULL is
-/// `InvalidArgument`. Does not start the library.
+/// `observer(device, alloc_size, device_total, device_free)` is called after each out-of-memory
+/// error, with no npu-alloc lock held, on the thread that ran out: the segment size the
+/// allocator tried to get, the memory it may use (the fraction's limit, else the device's
+/// total) and the device's free memory (0 where the device did not report them). It must
+/// return, not throw. Observers cannot be detached. NULL is `InvalidArgument`. Does not start
+/// the library.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_attach_out_of_memory_observer(
     observer: Option<extern "C" fn(i64, i64, i64, i64)>,

@@ -71,4 +71,20 @@ fn a_c_program_calls_every_export() {
     }
     let py = testkit::python_snapshot::read_with_python(&dir.join("c.pickle"));
     assert_eq!(py.trace_lengths.len(), 2);
+    // History turned on before the library started records from its first allocation: the
+    // 3 MiB one's 20 MiB segment, then the allocation.
+    let snapshot = alloc_snapshot::read_file(&dir.join("c.pickle"))
+        .unwrap()
+        .snapshot;
+    let first: Vec<_> = snapshot.device_traces[0][..2]
+        .iter()
+        .map(|e| (e.action.name().to_owned(), e.size))
+        .collect();
+    assert_eq!(
+        first,
+        [
+            ("segment_alloc".to_owned(), 20 << 20),
+            ("alloc".to_owned(), 3 << 20)
+        ]
+    );
 }

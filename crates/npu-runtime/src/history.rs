@@ -87,11 +87,6 @@ where
         }
     }
 
-    /// torch_npu's `isHistoryEnabled()`: whether `record_memory_history` has it on.
-    pub fn is_history_enabled(&self) -> bool {
-        self.history.lock().is_some()
-    }
-
     /// torch's `torch.npu.memory._snapshot()`: every opened device's segments and blocks, and
     /// its history when recording, with the allocator settings in force. Each recording device
     /// then gets a `snapshot` entry, after its history was copied (as torch_npu's `snapshot()`

@@ -441,7 +441,9 @@ fn log_drop_error(what: &str, e: &dyn core::fmt::Display) {
 }
 
 /// torch's `~MemPool` on one device: `use_on_oom` off, one hold dropped, then the pool's cache
-/// emptied (given back only if nothing holds it any more).
+/// emptied (given back only if nothing holds it any more). A memory-saver tag's pool is refused
+/// at the first step (`PoolError::SaverPool`), before anything changes: only its regions hold
+/// it.
 fn drop_pool<D: Device>(a: &DeviceAllocator<D>, id: PoolId) -> Result<(), RuntimeError<D::Error>> {
     a.with(|a| {
         a.set_use_on_oom(id, false)?;
