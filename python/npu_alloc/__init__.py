@@ -34,7 +34,8 @@ __all__ = [
     "record_memory_history", "attach_out_of_memory_observer", "dump_snapshot", "record_stream", "erase_stream", "MemPool",
     "use_mem_pool",
     "region", "pause", "resume", "disable", "memory_saver", "memory_saver_stats",
-    "set_synchronize_hook", "set_drain_hook", "install",
+    "set_synchronize_hook", "set_drain_hook", "install", "TorchMemorySaver",
+    "alias_torch_memory_saver",
 ]
 
 # Status codes of include/npu_alloc.h (NpuAllocStatus).
@@ -532,10 +533,18 @@ class _MemorySaver:
 
     enabled = True
 
-    def region(self, tag="default", enable_cpu_backup=False, enable_disk_backup=False):
+    def region(self, tag="default", enable_cpu_backup=False, enable_disk_backup=False,
+               cpu_backup_backend=None):
         if enable_disk_backup:
             raise NotImplementedError("npu-alloc has no disk backup (docs/memory-saver.md)")
+        if cpu_backup_backend is not None:
+            raise NotImplementedError("npu-alloc keeps its CPU backups in host memory only "
+                                      "(docs/memory-saver.md)")
+        _warn_if_not_installed()
         return region(tag, enable_cpu_backup)
+
+    def set_disk_backup_dir(self, path):
+        raise NotImplementedError("npu-alloc has no disk backup (docs/memory-saver.md)")
 
     @contextlib.contextmanager
     def configure_subprocess(self):
@@ -587,9 +596,36 @@ class _MemorySaver:
         raise NotImplementedError("npu-alloc does not capture NPU graphs in a region "
                                   "(docs/memory-saver.md)")
 
-    def get_cpu_backup(self, x):
+    def get_cpu_backup(self, x, zero_copy=False):
         raise NotImplementedError("npu-alloc keeps no CPU backup after a resume "
                                   "(docs/memory-saver.md)")
+
+
+TorchMemorySaver = _MemorySaver
+
+_warned_not_installed = []
+
+
+def _warn_if_not_installed():
+    """Once: a region of the stand-in with torch_npu imported and npu-alloc not its allocator
+    routes no tensor (they come from torch_npu's own allocator), so a pause would give back
+    nothing. torch_memory_saver's modes hook the allocator themselves; npu-alloc needs
+    ``install()`` in every process, subprocesses included."""
+    if "torch_npu" in sys.modules and _installed is None and not _warned_not_installed:
+        _warned_not_installed.append(True)
+        import warnings
+        warnings.warn("torch_memory_saver's region without npu_alloc.install(): torch_npu's "
+                      "tensors do not come from npu-alloc, so a pause gives nothing back; call "
+                      "npu_alloc.install() in this process first", RuntimeWarning, stacklevel=3)
+
+
+def alias_torch_memory_saver():
+    """Makes ``import torch_memory_saver`` give npu-alloc's stand-in
+    (``npu_alloc.torch_memory_saver``: the singleton ``torch_memory_saver``, ``TorchMemorySaver``
+    and ``configure_subprocess``), for code written against torch_memory_saver. Returns it."""
+    from . import torch_memory_saver as module
+    sys.modules["torch_memory_saver"] = module
+    return module
 
 
 def _has_tag(tag):

@@ -271,6 +271,27 @@ class MemorySaver(unittest.TestCase):
             tms.region("singleton_tag", enable_disk_backup=True)
         with tms.configure_subprocess():
             pass
+        with self.assertRaises(NotImplementedError):
+            tms.region("singleton_tag", cpu_backup_backend="mooncake")
+        with self.assertRaises(NotImplementedError):
+            tms.set_disk_backup_dir("/tmp")
+        with self.assertRaises(NotImplementedError):
+            tms.get_cpu_backup(None, zero_copy=True)
+        # Code written against the package: `import torch_memory_saver` after the alias.
+        import sys
+        saved = sys.modules.get("torch_memory_saver")
+        try:
+            npu_alloc.alias_torch_memory_saver()
+            import torch_memory_saver
+            self.assertIs(torch_memory_saver.torch_memory_saver, tms)
+            self.assertIsInstance(torch_memory_saver.TorchMemorySaver(), npu_alloc.TorchMemorySaver)
+            with torch_memory_saver.configure_subprocess():
+                pass
+        finally:
+            if saved is None:
+                sys.modules.pop("torch_memory_saver", None)
+            else:
+                sys.modules["torch_memory_saver"] = saved
         # The C library reads an empty tag as every tag, as tms_pause("") does.
         lib = ctypes.CDLL(os.environ["NPU_ALLOC_LIB"])
         self.assertEqual(lib.npu_alloc_resume(b""), 0)
@@ -840,6 +861,17 @@ class Install(unittest.TestCase):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             npu_alloc.install()
+
+    def test_a_saver_region_without_install_warns_once(self):
+        del npu_alloc._warned_not_installed[:]
+        with self.assertWarnsRegex(RuntimeWarning, "without npu_alloc.install"):
+            with npu_alloc.memory_saver.region("not_installed"):
+                pass
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with npu_alloc.memory_saver.region("not_installed"):
+                pass
 
     def test_devices_are_read_as_torch_reads_them(self):
         self.assertEqual(npu_alloc._device("npu:1"), 1)
