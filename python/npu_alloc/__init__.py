@@ -388,7 +388,8 @@ def record_memory_history(enabled=True, max_entries=100000):
 
 def attach_out_of_memory_observer(observer):
     """torch's ``_attach_out_of_memory_observer``: ``observer(device, alloc_size,
-    device_total, device_free)`` is called after each out-of-memory error, on the thread that
+    device_total, device_free)`` is called after each out-of-memory error of the retry chain
+    (not for a ``throw_on_npumalloc_oom`` rejection), on the thread that
     ran out (``device_total`` is the fraction's limit when one is set). An exception it raises
     is printed, not raised into the allocator. Does not start the library."""
     if not callable(observer):
@@ -802,8 +803,8 @@ def install():
     so ``torch.npu.memory_stats`` and everything built on it (``memory_allocated``,
     ``max_memory_reserved``, ``memory_summary``...), ``reset_accumulated_memory_stats``,
     ``reset_peak_memory_stats``, ``memory_snapshot``, ``_snapshot``, ``_dump_snapshot``,
-    ``_record_memory_history``, ``get_per_process_memory_fraction`` and
-    ``empty_virt_addr_cache`` are pointed at npu-alloc's. NPU graph capture raises
+    ``_record_memory_history``, ``get_per_process_memory_fraction``,
+    ``_attach_out_of_memory_observer`` and ``empty_virt_addr_cache`` are pointed at npu-alloc's. NPU graph capture raises
     NpuAllocError (it needs private pools torch_npu cannot ask a pluggable allocator for).
     ``MULTI_STREAM_MEMORY_REUSE`` is set to 2 when unset: torch_npu's collectives then keep
     their tensors alive instead of calling ``record_stream``, which reaches npu-alloc without

@@ -25,7 +25,8 @@
 //!   Settings with blanks are written in their canonical form.
 //! - Private pools come back when the entries name their pool (torch_npu's per-entry
 //!   `pool_id`): `pool` at the first allocation, `use_pool` around each, `release_pool` at the
-//!   first segment free that is not the requesting pool's own retry. Their `use_on_oom` /
+//!   first segment free that is neither the requesting pool's own retry nor followed by another
+//!   allocation to the pool. Their `use_on_oom` /
 //!   `no_split` and memory-saver tags are not in a snapshot: they come back as plain pools.
 //!   From PyTorch's entries, which name none, their blocks replay in the default pools (an
 //!   [`ImportNote`] says how many segments).
@@ -250,7 +251,7 @@ impl Imported {
         }
         if s.pools > 0 {
             out.push_str(&format!(
-                "# pools: {} private pools (pool_<a>_<b>: torch's pool id), each released at its first segment free\n",
+                "# pools: {} private pools (pool_<a>_<b>: torch's pool id), each released at its first segment free after its last allocation\n",
                 s.pools
             ));
         }
@@ -817,7 +818,8 @@ fn pool_of(e: &TraceEntry) -> PoolKey {
 }
 
 /// The private pools met in the snapshot, as the trace's pools (`pool_<a>_<b>`), each created
-/// at its first allocation and released at its first segment free. Only when the entries name
+/// at its first allocation and released at its first segment free after its last allocation
+/// (not the requesting pool's own retry). Only when the entries name
 /// their pools (torch_npu's): from PyTorch's, whose entries do not, everything replays in the
 /// default pools (a note says so).
 struct Pools {
@@ -890,9 +892,9 @@ struct Run {
 /// segment request, so their runs end in a `segment_alloc` / `segment_map`, or in the `oom` of
 /// the request that still failed; a run that ends otherwise is the caller's. One that ends in
 /// a segment request is the caller's too when that request would have fitted without a
-/// release: the bytes reserved before the run plus the request's within `bound` (the device's
-/// capacity less the workspace, times the configured fraction, when known; else the history's
-/// peak of reserved bytes, which the device did hold), and GC off (it releases on the way to
+/// release: the bytes reserved before the run plus the request's within `bound` (the configured
+/// fraction of the device's capacity, and no more than the capacity less the workspace, when
+/// known; else the history's peak of reserved bytes, which the device did hold), and GC off (it releases on the way to
 /// requests that fit). A run goes on through segment frees, the frees its synchronize
 /// completed, and workspace entries.
 fn release_runs(

@@ -47,7 +47,8 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
 
 /// torch_npu's `attachOutOfMemoryObserver` (`torch.npu.memory._attach_out_of_memory_observer`):
 /// `observer(device, alloc_size, device_total, device_free)` is called after each out-of-memory
-/// error, with no npu-alloc lock held, on the thread that ran out: the segment size the
+/// error of the retry chain (not for a `throw_on_npumalloc_oom` rejection, nor for one raised
+/// inside an observer), with no npu-alloc lock held, on the thread that ran out: the segment size the
 /// allocator tried to get, the memory it may use (the fraction's limit, else the device's
 /// total) and the device's free memory (0 where the device did not report them). It must
 /// return, not throw. Observers cannot be detached. NULL is `InvalidArgument`. Does not start
