@@ -132,8 +132,7 @@ void npu_alloc_reset(bool check_error);
 
 /**
  * torch_npu's `memory_fraction_fn(fraction, device)`. The hook returns nothing, so an error
- * (a fraction outside 0 to 1, an unknown device) goes to stderr as well as the last error:
- * torch_npu's own allocator would raise.
+ * (a fraction outside 0 to 1, an unknown device) goes to stderr as well as the last error.
  */
 void npu_alloc_set_memory_fraction(double fraction, int device);
 

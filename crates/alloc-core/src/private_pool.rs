@@ -137,6 +137,17 @@ pub(crate) struct PrivatePool<S> {
     pub(crate) no_split: bool,
 }
 
+impl<S> PrivatePool<S> {
+    /// This pool for a call of a user's pool (`use_on_oom`, `no_split`, entering a scope): a
+    /// memory-saver tag's pool is refused, only its regions allocate to it.
+    fn for_user(&mut self) -> Result<&mut Self, PoolError> {
+        if self.saver.is_some() {
+            return Err(PoolError::SaverPool(self.id));
+        }
+        Ok(self)
+    }
+}
+
 /// A pool set index: 0 the default pools, `i` the private pool in slot `i - 1`.
 pub(crate) type PoolSet = u16;
 
@@ -413,10 +424,11 @@ impl<D: crate::Device> crate::Allocator<D> {
             }
             return Ok(());
         };
-        let pool = self.pools.private_mut(set).expect("a live set");
-        if pool.saver.is_some() {
-            return Err(PoolError::SaverPool(id));
-        }
+        let pool = self
+            .pools
+            .private_mut(set)
+            .expect("a live set")
+            .for_user()?;
         if pool.use_count == 0 {
             return Err(PoolError::Released(id));
         }
@@ -453,11 +465,7 @@ impl<D: crate::Device> crate::Allocator<D> {
     /// Pool `id` for the calls of a user's pool (`use_on_oom`, `no_split`): a memory-saver
     /// tag's pool is refused.
     fn user_pool_mut(&mut self, id: PoolId) -> Result<&mut PrivatePool<D::Stream>, PoolError> {
-        let pool = self.private_pool_mut(id)?;
-        if pool.saver.is_some() {
-            return Err(PoolError::SaverPool(id));
-        }
-        Ok(pool)
+        self.private_pool_mut(id)?.for_user()
     }
 
     /// torch's `beginAllocateToPool` reference (a `use_mem_pool` scope entering): one more

@@ -196,22 +196,47 @@ pub extern "C" fn npu_alloc_init(_device_count: c_int) {
 /// hook, then `empty_cache`. Errors go to the last error (and stderr with `check_error`).
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_reset(check_error: bool) {
-    if npu_alloc_empty_cache() != NpuAllocStatus::Ok && check_error {
-        warn(format_args!("empty_cache: {}", last_error()));
+    let status = npu_alloc_empty_cache();
+    if check_error {
+        warn_if_refused("empty_cache", status);
     }
 }
 
+/// For a torch_npu hook that returns nothing: a refusal goes to stderr as well as the last
+/// error, where torch_npu's own allocator would raise.
+fn warn_if_refused(what: &str, status: NpuAllocStatus) {
+    if status != NpuAllocStatus::Ok {
+        warn(format_args!("{what}: {}", last_error()));
+    }
+}
+
+/// Writes `value()` into the caller's `out`; a null `out` is refused (`InvalidArgument` with
+/// `missing`) before anything runs.
+///
+/// # Safety
+/// `out` is null or writable.
+pub(crate) unsafe fn write_out<T>(
+    out: *mut T,
+    missing: &str,
+    value: impl FnOnce() -> Result<T, Fail>,
+) -> Result<(), Fail> {
+    if out.is_null() {
+        return Err(Fail::invalid(missing));
+    }
+    let value = value()?;
+    // SAFETY: non-null and writable by the caller's contract.
+    unsafe { *out = value };
+    Ok(())
+}
+
 /// torch_npu's `memory_fraction_fn(fraction, device)`. The hook returns nothing, so an error
-/// (a fraction outside 0 to 1, an unknown device) goes to stderr as well as the last error:
-/// torch_npu's own allocator would raise.
+/// (a fraction outside 0 to 1, an unknown device) goes to stderr as well as the last error.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_memory_fraction(fraction: f64, device: c_int) {
-    if npu_alloc_set_per_process_memory_fraction(fraction, device) != NpuAllocStatus::Ok {
-        warn(format_args!(
-            "set_per_process_memory_fraction: {}",
-            last_error()
-        ));
-    }
+    warn_if_refused(
+        "set_per_process_memory_fraction",
+        npu_alloc_set_per_process_memory_fraction(fraction, device),
+    );
 }
 
 /// torch_npu's `base_alloc_fn(ptr, size)`: for a live allocation `ptr` (an address
@@ -336,10 +361,10 @@ unsafe fn stream_use(
 /// above the first byte would be whatever the caller's register held.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_reset_peak_stats(device: i8) {
-    // The hook returns nothing: an error goes to stderr as well as the last error.
-    if npu_alloc_reset_peak_memory_stats(c_int::from(device)) != NpuAllocStatus::Ok {
-        warn(format_args!("reset_peak_memory_stats: {}", last_error()));
-    }
+    warn_if_refused(
+        "reset_peak_memory_stats",
+        npu_alloc_reset_peak_memory_stats(c_int::from(device)),
+    );
 }
 
 /// torch's `reset_peak_memory_stats(device)`: every peak becomes its current value.
@@ -541,15 +566,14 @@ pub unsafe extern "C" fn npu_alloc_get_per_process_memory_fraction(
     fraction: *mut f64,
 ) -> NpuAllocStatus {
     status(|| {
-        if fraction.is_null() {
-            return Err(Fail::invalid(
+        // SAFETY: `fraction` is null or writable by the caller's contract.
+        unsafe {
+            write_out(
+                fraction,
                 "get_per_process_memory_fraction: null pointer",
-            ));
+                || Ok(runtime()?.get_per_process_memory_fraction(self::device(device)?)?),
+            )
         }
-        let value = runtime()?.get_per_process_memory_fraction(self::device(device)?)?;
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { *fraction = value };
-        Ok(())
     })
 }
 
@@ -601,13 +625,12 @@ pub unsafe extern "C" fn npu_alloc_dump_snapshot(path: *const c_char) -> NpuAllo
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_mem_pool_create(device: c_int, id: *mut u64) -> NpuAllocStatus {
     status_keeping_device(|| {
-        if id.is_null() {
-            return Err(Fail::invalid("mem_pool_create: null id"));
+        // SAFETY: `id` is null or writable by the caller's contract.
+        unsafe {
+            write_out(id, "mem_pool_create: null id", || {
+                Ok(runtime()?.create_pool(self::device(device)?)?.1)
+            })
         }
-        let pool = runtime()?.create_pool(self::device(device)?)?;
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { *id = pool.1 };
-        Ok(())
     })
 }
 
@@ -654,13 +677,12 @@ pub unsafe extern "C" fn npu_alloc_mem_pool_use_count(
 ) -> NpuAllocStatus {
     // It may open the device: the caller's binding comes back.
     status_keeping_device(|| {
-        if count.is_null() {
-            return Err(Fail::invalid("mem_pool_use_count: null count"));
+        // SAFETY: `count` is null or writable by the caller's contract.
+        unsafe {
+            write_out(count, "mem_pool_use_count: null count", || {
+                Ok(runtime()?.pool_use_count(self::device(device)?, PoolId(0, id))?)
+            })
         }
-        let n = runtime()?.pool_use_count(self::device(device)?, PoolId(0, id))?;
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { *count = n };
-        Ok(())
     })
 }
 

@@ -6,6 +6,7 @@
 use std::sync::Mutex;
 
 use crate::error::{Fail, NpuAllocStatus, status};
+use crate::exports::write_out;
 use crate::hook::before_start;
 
 /// An out-of-memory observer, torch's `OutOfMemoryObserver`: the device, the segment size the
@@ -100,12 +101,11 @@ pub extern "C" fn npu_alloc_record_memory_history(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn npu_alloc_is_history_enabled(enabled: *mut bool) -> NpuAllocStatus {
     status(|| {
-        if enabled.is_null() {
-            return Err(Fail::invalid("is_history_enabled: null pointer"));
+        // SAFETY: `enabled` is null or writable by the caller's contract.
+        unsafe {
+            write_out(enabled, "is_history_enabled: null pointer", || {
+                Ok(HISTORY.lock().unwrap_or_else(|p| p.into_inner()).is_some())
+            })
         }
-        let value = HISTORY.lock().unwrap_or_else(|p| p.into_inner()).is_some();
-        // SAFETY: non-null and writable by the caller's contract.
-        unsafe { *enabled = value };
-        Ok(())
     })
 }
