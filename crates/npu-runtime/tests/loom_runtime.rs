@@ -10,7 +10,7 @@ use alloc_sim::{DeviceCall, Fault, SimStream, TestDevice};
 use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
-use npu_runtime::{Config, Runtime};
+use npu_runtime::{AllocError, Config, Runtime};
 
 const MIB: u64 = 1 << 20;
 
@@ -329,13 +329,21 @@ fn a_fraction_change_races_a_malloc_with_the_lock_released() {
     loom::model(|| {
         // The malloc drops the allocator's lock around its device malloc; the fraction changes
         // meanwhile. Whatever the order, the malloc succeeds or runs out of memory, and the
-        // reserve never passes what the device handed out.
+        // reserve never passes what the device handed out. The 64 MiB device always fits the
+        // 32 MiB segment (30 MiB and the 32-byte pad, in 2 MiB steps): running out can only be
+        // the fraction's 16 MiB limit, read whole.
         let rt = runtime(1, 64 * MIB, true);
         let user = {
             let rt = rt.clone();
             thread::spawn(move || match rt.malloc(30 * MIB, 0, S0) {
                 Ok(p) => rt.free(p).unwrap(),
-                Err(e) => assert!(e.is_out_of_memory(), "{e}"),
+                Err(npu_runtime::RuntimeError::Alloc(AllocError::OutOfMemory(oom))) => {
+                    assert_eq!(
+                        (oom.alloc_size, oom.allowed, oom.reserved),
+                        (32 * MIB, Some(16 * MIB), 0)
+                    );
+                }
+                Err(e) => panic!("{e}"),
             })
         };
         let limiter = {
