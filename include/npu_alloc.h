@@ -84,6 +84,55 @@ extern "C" {
 #endif // __cplusplus
 
 /**
+ * torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
+ * CPU backup (its bytes at the pause, not updated while the memory is in use) for
+ * [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
+ * allocating host memory again (so it cannot run out of host memory). Read at each resume:
+ * turning it off frees nothing at once; the next resume frees what it resumes. Does not start
+ * the library.
+ */
+enum NpuAllocStatus npu_alloc_set_retain_cpu_backup(bool retain);
+
+/**
+ * Whether resumes keep CPU backups ([`npu_alloc_set_retain_cpu_backup`]) into `*retain`.
+ * Does not start the library.
+ *
+ * # Safety
+ * `retain` is a writable `bool`.
+ */
+enum NpuAllocStatus npu_alloc_get_retain_cpu_backup(bool *retain);
+
+/**
+ * torch_memory_saver's `get_cpu_backup(x)`: copies the CPU backup of the `nbytes` bytes at
+ * device address `ptr` into `dst` and sets `*found`. Paused memory of a region with CPU
+ * backup has one (its bytes at the pause); memory in use has one while
+ * [`npu_alloc_set_retain_cpu_backup`] kept it (its bytes at the last pause); otherwise
+ * `*found` is false and `dst` untouched (upstream's `None`). Paused memory of a region
+ * without backup is `Refused`; bytes outside every region's memory, or across two of its
+ * segments, are `UnknownPointer`.
+ *
+ * # Safety
+ * `dst` is writable for `nbytes` bytes and does not overlap a CPU backup (memory
+ * [`npu_alloc_cpu_backup_pointer`] hands out); `found` is a writable `bool`.
+ */
+enum NpuAllocStatus npu_alloc_copy_cpu_backup(const void *ptr,
+                                              uintptr_t nbytes,
+                                              void *dst,
+                                              bool *found);
+
+/**
+ * torch_memory_saver's `get_cpu_backup(x, zero_copy=True)`: the host address of the CPU
+ * backup of the `nbytes` bytes at device address `ptr` into `*host`, NULL where
+ * [`npu_alloc_copy_cpu_backup`] finds none (same errors). The memory stays valid until a
+ * resume without retention frees it (upstream: valid only while the memory is paused, unless
+ * retained); read it, do not write it.
+ *
+ * # Safety
+ * `host` is a writable pointer.
+ */
+enum NpuAllocStatus npu_alloc_cpu_backup_pointer(const void *ptr, uintptr_t nbytes, void **host);
+
+/**
  * torch_npu's pluggable `alloc`: `size` bytes on `device` for use on `stream`. NULL for a
  * zero-size request (no error) and on failure (the reason in the last error; for out of
  * memory, torch_npu's message).

@@ -137,6 +137,11 @@ def _load(start=True):
             "npu_alloc_region_end": ([c_int], c_int),
             "npu_alloc_pause": ([c_char], c_int),
             "npu_alloc_resume": ([c_char], c_int),
+            "npu_alloc_set_retain_cpu_backup": ([ctypes.c_bool], c_int),
+            "npu_alloc_get_retain_cpu_backup": ([ctypes.POINTER(ctypes.c_bool)], c_int),
+            "npu_alloc_copy_cpu_backup": ([c_void, c_size, c_void, ctypes.POINTER(ctypes.c_bool)],
+                                          c_int),
+            "npu_alloc_cpu_backup_pointer": ([c_void, c_size, ctypes.POINTER(c_void)], c_int),
             "npu_alloc_last_error": ([ctypes.c_char_p, c_size], c_size),
             "npu_alloc_set_synchronize_hook": ([_SYNC_HOOK], None),
             "npu_alloc_set_drain_hook": ([_SYNC_HOOK], None),
@@ -527,8 +532,8 @@ class _MemorySaver:
     for code written against it: ``region``, ``pause``, ``resume``, ``disable`` and ``enabled``
     behave as upstream's (on the current device). ``hook_mode`` accepts upstream's values and
     changes nothing: npu-alloc is the allocator, there is nothing to hook. What npu-alloc does
-    not offer (``cuda_graph``, ``get_cpu_backup``, ``memory_margin_bytes``, a true
-    ``retain_cpu_backup``, ``enable_disk_backup``) raises ``NotImplementedError`` rather than
+    not offer (``cuda_graph``, ``memory_margin_bytes``, ``enable_disk_backup``) raises
+    ``NotImplementedError`` rather than
     doing something else silently; ``configure_subprocess`` has nothing to configure. As upstream, pausing or
     resuming a tag no region was entered for does nothing (``npu_alloc.pause`` refuses it)."""
 
@@ -555,13 +560,11 @@ class _MemorySaver:
 
     @property
     def retain_cpu_backup(self):
-        return False
+        return get_retain_cpu_backup()
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value):
-        if value:
-            raise NotImplementedError("npu-alloc keeps no CPU backup after a resume "
-                                      "(docs/memory-saver.md)")
+        set_retain_cpu_backup(value)
 
     # A tag no region was entered for: upstream does nothing (SGLang pauses and resumes its
     # "cuda_graph" tag whether or not it has one); npu-alloc's own pause and resume refuse it.
@@ -598,8 +601,30 @@ class _MemorySaver:
                                   "(docs/memory-saver.md)")
 
     def get_cpu_backup(self, x, zero_copy=False):
-        raise NotImplementedError("npu-alloc keeps no CPU backup after a resume "
-                                  "(docs/memory-saver.md)")
+        """The CPU backup of contiguous NPU tensor ``x`` as a CPU tensor of its dtype and shape
+        (``cpu_backup``), None where there is none. With ``zero_copy`` the tensor is the backup's
+        host memory itself, valid until a resume without ``retain_cpu_backup`` frees it (read
+        it, do not write it); else a copy."""
+        import torch
+        if x.device.type != "npu":
+            raise ValueError("get_cpu_backup needs an NPU tensor, not one on %s" % (x.device,))
+        if not x.is_contiguous():
+            raise ValueError("get_cpu_backup needs a contiguous tensor")
+        nbytes = x.numel() * x.element_size()
+        if zero_copy:
+            host = ctypes.c_void_p()
+            _check(_load().npu_alloc_cpu_backup_pointer(_address(x.data_ptr(), "ptr"),
+                                                        _size(nbytes, "nbytes"),
+                                                        ctypes.byref(host)))
+            if not host.value:
+                return None
+            out = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host.value),
+                                   dtype=torch.uint8)
+        else:
+            out = torch.empty(nbytes, dtype=torch.uint8)
+            if not _copy_cpu_backup(x.data_ptr(), nbytes, out.data_ptr()):
+                return None
+        return out.view(x.dtype).view(x.shape)
 
 
 TorchMemorySaver = _MemorySaver
@@ -655,6 +680,40 @@ def pause(tag=None):
 def resume(tag=None):
     """Maps new memory at the paused addresses of ``tag`` (every paused tag when None or "")."""
     _check(_load().npu_alloc_resume(_tags(tag)))
+
+
+def set_retain_cpu_backup(retain):
+    """torch_memory_saver's ``retain_cpu_backup = retain``: with it, a resume keeps each
+    segment's CPU backup (its bytes at the pause, not updated while the memory is in use) for
+    ``cpu_backup`` to read, and the next pause copies into it instead of allocating host memory
+    again. Read at each resume; turning it off frees the backups at the next resume."""
+    _check(_load(start=False).npu_alloc_set_retain_cpu_backup(bool(retain)))
+
+
+def get_retain_cpu_backup():
+    """Whether resumes keep CPU backups (``set_retain_cpu_backup``)."""
+    retain = ctypes.c_bool()
+    _check(_load(start=False).npu_alloc_get_retain_cpu_backup(ctypes.byref(retain)))
+    return retain.value
+
+
+def _copy_cpu_backup(ptr, nbytes, dst):
+    """Copies the CPU backup of ``nbytes`` at device address ``ptr`` to host address ``dst``;
+    whether there was one."""
+    found = ctypes.c_bool()
+    _check(_load().npu_alloc_copy_cpu_backup(_address(ptr, "ptr"), _size(nbytes, "nbytes"),
+                                             dst, ctypes.byref(found)))
+    return found.value
+
+
+def cpu_backup(ptr, nbytes):
+    """torch_memory_saver's ``get_cpu_backup`` for raw memory: the CPU backup of the ``nbytes``
+    bytes at device address ``ptr`` as ``bytes`` (paused memory of a region with
+    ``enable_cpu_backup``: its bytes at the pause; memory in use: the last pause's, while
+    ``set_retain_cpu_backup`` kept them), None where there is none. Paused memory of a region
+    without backup raises NpuAllocError, as does memory no region allocated."""
+    out = ctypes.create_string_buffer(_size(nbytes, "nbytes"))
+    return out.raw if _copy_cpu_backup(ptr, nbytes, ctypes.addressof(out)) else None
 
 
 def set_synchronize_hook(hook):

@@ -6,6 +6,7 @@ import ctypes
 import json
 import math
 import os
+import sys
 import threading
 import unittest
 
@@ -265,9 +266,6 @@ class MemorySaver(unittest.TestCase):
         with self.assertRaises(NotImplementedError):
             tms.cuda_graph(None)
         with self.assertRaises(NotImplementedError):
-            tms.retain_cpu_backup = True
-        tms.retain_cpu_backup = False
-        with self.assertRaises(NotImplementedError):
             tms.region("singleton_tag", enable_disk_backup=True)
         with tms.configure_subprocess():
             pass
@@ -275,10 +273,7 @@ class MemorySaver(unittest.TestCase):
             tms.region("singleton_tag", cpu_backup_backend="mooncake")
         with self.assertRaises(NotImplementedError):
             tms.set_disk_backup_dir("/tmp")
-        with self.assertRaises(NotImplementedError):
-            tms.get_cpu_backup(None, zero_copy=True)
         # Code written against the package: `import torch_memory_saver` after the alias.
-        import sys
         saved = sys.modules.get("torch_memory_saver")
         try:
             npu_alloc.alias_torch_memory_saver()
@@ -313,6 +308,62 @@ class MemorySaver(unittest.TestCase):
         finally:
             tms.resume("singleton_tag")
         self.assertEqual(FAKE.fake_acl_write_device(p, b"x", 1), 0)
+        npu_alloc.free(p)
+        npu_alloc.free(q)
+
+    def test_cpu_backups_are_read_back_and_kept_when_retained(self):
+        with npu_alloc.region("backed", enable_cpu_backup=True):
+            p = npu_alloc.malloc(MIB)
+        with npu_alloc.region("unbacked"):
+            q = npu_alloc.malloc(MIB)
+        data = b"weights!" * 8
+        self.assertEqual(FAKE.fake_acl_write_device(p, data, len(data)), 0)
+        # In use, never paused: no backup (upstream's None).
+        self.assertIsNone(npu_alloc.cpu_backup(p, len(data)))
+        tms = npu_alloc.memory_saver
+        self.assertFalse(tms.retain_cpu_backup)
+        tms.retain_cpu_backup = True
+        try:
+            npu_alloc.pause("backed")
+            npu_alloc.pause("unbacked")
+            self.assertEqual(npu_alloc.cpu_backup(p + 8, 16), data[8:24])
+            with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                npu_alloc.cpu_backup(q, 8)
+            self.assertIn("without a CPU backup", str(e.exception))
+            npu_alloc.resume("unbacked")
+            npu_alloc.resume("backed")
+            # Kept by the resume: the pause's bytes, also after the memory changed.
+            self.assertEqual(FAKE.fake_acl_write_device(p, b"W", 1), 0)
+            self.assertEqual(npu_alloc.cpu_backup(p, 8), data[:8])
+            # The stand-in's get_cpu_backup, over a stand-in torch: a copy, or the host memory.
+            x = _Namespace(device=_Namespace(type="npu"), is_contiguous=lambda: True,
+                           numel=lambda: 4, element_size=lambda: 4, data_ptr=lambda: p,
+                           dtype="float32", shape=(2, 2))
+            saved = sys.modules.get("torch")
+            sys.modules["torch"] = _HostTorch
+            try:
+                copy = tms.get_cpu_backup(x)
+                self.assertEqual(bytes(copy.memory), data[:16])
+                self.assertEqual(copy.views, ["float32", (2, 2)])
+                view = tms.get_cpu_backup(x, zero_copy=True)
+                self.assertEqual(bytes(view.memory), data[:16])
+                outside = npu_alloc.malloc(MIB)
+                x.data_ptr = lambda: outside
+                with self.assertRaises(npu_alloc.NpuAllocError) as e:
+                    tms.get_cpu_backup(x)
+                self.assertIn("no memory-saver segment holds", str(e.exception))
+                npu_alloc.free(outside)
+            finally:
+                if saved is None:
+                    sys.modules.pop("torch", None)
+                else:
+                    sys.modules["torch"] = saved
+        finally:
+            tms.retain_cpu_backup = False
+        npu_alloc.pause("backed")
+        npu_alloc.resume("backed")
+        # Not retained any more: the resume freed it.
+        self.assertIsNone(npu_alloc.cpu_backup(p, 8))
         npu_alloc.free(p)
         npu_alloc.free(q)
 
@@ -563,7 +614,6 @@ class Hook(unittest.TestCase):
 
 class CurrentDevice(unittest.TestCase):
     def test_no_device_means_torchs_current_device_once_torch_npu_is_imported(self):
-        import sys
         import types
 
         self.assertEqual(npu_alloc._current_device(), 0)
@@ -619,7 +669,6 @@ class OomPath(unittest.TestCase):
 class Selftest(unittest.TestCase):
     def test_selftest_prints_a_summary(self):
         import subprocess
-        import sys
 
         # A process of its own: its own runtime and its own instance of the fake.
         out = subprocess.run([sys.executable, "-m", "npu_alloc", "--selftest"],
@@ -660,6 +709,28 @@ class _Namespace:
 
     def __init__(self, **attrs):
         self.__dict__.update(attrs)
+
+
+class _HostTensor:
+    """A stand-in torch's CPU tensor: host memory (a ctypes array) and the views asked of it."""
+
+    def __init__(self, memory):
+        self.memory, self.views = memory, []
+
+    def data_ptr(self):
+        return ctypes.addressof(self.memory)
+
+    def view(self, what):
+        self.views.append(what)
+        return self
+
+
+# A stand-in torch for get_cpu_backup: the two ways it makes a CPU tensor.
+_HostTorch = _Namespace(
+    uint8="uint8",
+    empty=lambda n, dtype: _HostTensor((ctypes.c_uint8 * n)()),
+    frombuffer=lambda memory, dtype: _HostTensor(memory),
+)
 
 
 class _MockNpuAllocator:
@@ -715,7 +786,6 @@ class Install(unittest.TestCase):
             _C=_Namespace(_npu_getCurrentRawStream=lambda device: 0))
         self.saved_env = os.environ.get("MULTI_STREAM_MEMORY_REUSE")
         os.environ.pop("MULTI_STREAM_MEMORY_REUSE", None)
-        import sys
         self.sys = sys
         sys.modules["torch"], sys.modules["torch_npu"] = self.torch, self.torch_npu
 

@@ -48,7 +48,7 @@ pub use error::{AllocError, FormatSize, FractionError, FreeError, OutOfMemory, R
 pub use expandable::{ExpandableInfo, Held};
 pub use garbage_collection::GcStatus;
 pub use history::{Action, Context, TraceEntry};
-pub use memory_saver::{SaverError, SaverStats, TagStats};
+pub use memory_saver::{CpuBackup, SaverError, SaverStats, TagStats};
 pub use oom_retry::{HostQueue, MallocStep, PendingMalloc};
 pub use private_pool::{PoolError, PoolId};
 pub use size::PoolKind;

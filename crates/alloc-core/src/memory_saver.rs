@@ -62,6 +62,9 @@ pub(crate) struct Saver<P, H> {
     per_tag: BTreeMap<String, Stat>,
     /// Host buffers the device refused to take back, offered again by `empty_cache`.
     pub(crate) parked_host: Vec<H>,
+    /// torch_memory_saver's `retain_cpu_backup`: a resume keeps each segment's host buffer,
+    /// which the next pause reuses (read at each resume).
+    retain_cpu_backup: bool,
 }
 
 impl<P, H> Default for Saver<P, H> {
@@ -72,6 +75,7 @@ impl<P, H> Default for Saver<P, H> {
             held: Stat::default(),
             per_tag: BTreeMap::new(),
             parked_host: Vec::new(),
+            retain_cpu_backup: false,
         }
     }
 }
@@ -106,6 +110,15 @@ pub enum SaverError<E> {
     },
     /// The device has no virtual memory or host copies.
     Unsupported,
+    /// `cpu_backup` of a range no memory-saver segment holds whole.
+    NotSaverMemory {
+        /// The range's first byte.
+        addr: u64,
+        /// Its length.
+        len: u64,
+    },
+    /// `cpu_backup` of paused memory of a tag without CPU backup: its bytes are gone.
+    NoCpuBackup(String),
     /// A device call failed; the books are exact and the call can be retried. A failed `pause`
     /// leaves the tag marked paused with its segments from the failed one on mapped:
     /// `pause(tag)` retries them (`pause()` of every tag skips a tag already marked paused).
@@ -134,12 +147,32 @@ impl<E: fmt::Display> fmt::Display for SaverError<E> {
             SaverError::Unsupported => f.write_str(
                 "the memory saver needs virtual memory and host copies, which the device lacks",
             ),
+            SaverError::NotSaverMemory { addr, len } => write!(
+                f,
+                "no memory-saver segment holds the {len} bytes at {addr:#x} (memory allocated \
+                 outside every region has no CPU backup)"
+            ),
+            SaverError::NoCpuBackup(tag) => write!(
+                f,
+                "memory saver tag {tag:?} is paused without a CPU backup: its bytes are gone \
+                 (enter its region with enable_cpu_backup)"
+            ),
             SaverError::Device(e) => write!(f, "device error: {e}"),
         }
     }
 }
 
 impl<E: fmt::Debug + fmt::Display> core::error::Error for SaverError<E> {}
+
+/// The CPU backup holding a range ([`Allocator::cpu_backup`]): the host buffer of the
+/// memory-saver segment that holds it (the whole segment's bytes) and the range's offset in it.
+#[derive(Debug)]
+pub struct CpuBackup<'a, H> {
+    /// The segment's host buffer.
+    pub buffer: &'a H,
+    /// Where the range starts in it.
+    pub offset: u64,
+}
 
 /// The memory saver's figures (not torch keys: torch's stats do not move on a pause).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -399,10 +432,11 @@ impl<D: Device> Allocator<D> {
             }
         }
         let mut bytes = 0;
+        let retain = self.saver.retain_cpu_backup;
         for &addr in &done {
             let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
             bytes += seg.size;
-            if let Some(buffer) = seg.backup.take() {
+            if !retain && let Some(buffer) = seg.backup.take() {
                 self.give_back_host(buffer);
             }
         }
@@ -461,7 +495,9 @@ impl<D: Device> Allocator<D> {
         }
         let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
         seg.stale = false;
-        if let Some(buffer) = seg.backup.take() {
+        if !self.saver.retain_cpu_backup
+            && let Some(buffer) = seg.backup.take()
+        {
             self.give_back_host(buffer);
         }
         Ok(())
@@ -531,6 +567,50 @@ impl<D: Device> Allocator<D> {
         self.saver.held.reset_peak();
         for stat in self.saver.per_tag.values_mut() {
             stat.reset_peak();
+        }
+    }
+
+    /// torch_memory_saver's `retain_cpu_backup`: with it, a resume keeps each segment's CPU
+    /// backup (what it held at the pause, not updated while the memory is in use) and the next
+    /// pause copies into it instead of allocating host memory again. Read at each resume:
+    /// turning it off frees nothing at once; the next resume frees the buffers it resumes,
+    /// and a segment's release frees its own.
+    pub fn set_retain_cpu_backup(&mut self, retain: bool) {
+        self.saver.retain_cpu_backup = retain;
+    }
+
+    /// Whether resumes keep CPU backups ([`Allocator::set_retain_cpu_backup`]).
+    pub fn retain_cpu_backup(&self) -> bool {
+        self.saver.retain_cpu_backup
+    }
+
+    /// torch_memory_saver's `get_cpu_backup`: the host copy of the `len` bytes at `addr`, in
+    /// the backup buffer of the memory-saver segment that holds them.
+    /// Paused memory of a tag with CPU backup has one (its bytes at the pause); memory in use
+    /// has one only while [`Allocator::retain_cpu_backup`] kept it (its bytes at the last
+    /// pause), else `Ok(None)`. Paused memory of a tag without backup is
+    /// [`SaverError::NoCpuBackup`]; a range outside every memory-saver segment (or across two)
+    /// is [`SaverError::NotSaverMemory`].
+    pub fn cpu_backup(
+        &self,
+        addr: u64,
+        len: u64,
+    ) -> Result<Option<CpuBackup<'_, D::HostBuffer>>, SaverError<D::Error>> {
+        let outside = || SaverError::NotSaverMemory { addr, len };
+        let (&base, seg) = self
+            .saver
+            .segments
+            .range(..=addr)
+            .next_back()
+            .ok_or_else(outside)?;
+        let offset = addr - base;
+        if offset.checked_add(len).is_none_or(|end| end > seg.size) {
+            return Err(outside());
+        }
+        match (&seg.backup, seg.page.is_none()) {
+            (Some(buffer), _) => Ok(Some(CpuBackup { buffer, offset })),
+            (None, true) => Err(SaverError::NoCpuBackup(self.saver_tag(seg.set).tag.clone())),
+            (None, false) => Ok(None),
         }
     }
 

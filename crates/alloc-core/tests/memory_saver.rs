@@ -351,3 +351,79 @@ fn a_segment_left_mapped_by_a_double_fault_gets_its_bytes_at_the_next_resume() {
     assert_eq!(a.device().live_host_buffers(), 0);
     check_consistency(&a);
 }
+
+/// torch_memory_saver's `get_cpu_backup` and `retain_cpu_backup`: a paused tag's backup holds
+/// its bytes at the pause; retained, it outlives the resume (still the pause's bytes) and the
+/// next pause copies into it instead of allocating host memory again.
+#[test]
+fn retained_cpu_backups_are_read_back_and_reused_by_the_next_pause() {
+    let (mut a, [w1, w2, cache, other]) = rollout();
+    let read = |a: &A, addr: u64, len: u64| -> Option<Vec<u8>> {
+        let backup = a.cpu_backup(addr, len).unwrap()?;
+        Some(backup.buffer.read(backup.offset, len))
+    };
+    a.device_mut().write_bytes(w1 + 123, b"weights").unwrap();
+    // In use, without retention: no backup yet.
+    assert_eq!(read(&a, w1 + 123, 7), None);
+    a.set_retain_cpu_backup(true);
+    a.pause(None).unwrap();
+    assert_eq!(read(&a, w1 + 123, 7).as_deref(), Some(&b"weights"[..]));
+    assert_eq!(
+        a.cpu_backup(cache + 9, 2).map(|b| b.is_some()),
+        Err(SaverError::NoCpuBackup("kv".into()))
+    );
+    a.resume(None).unwrap();
+    // Both weight segments keep their buffers; the kv cache never had one.
+    assert_eq!(a.device().live_host_buffers(), 2);
+    assert_eq!(a.held_host_buffers(), 2);
+    assert_eq!(a.device().read_bytes(w1 + 123, 7).unwrap(), b"weights");
+    // The backup is the pause's copy: writes since do not reach it.
+    a.device_mut().write_bytes(w1 + 123, b"WEIGHTS").unwrap();
+    assert_eq!(read(&a, w1 + 123, 7).as_deref(), Some(&b"weights"[..]));
+    assert_eq!(read(&a, cache + 9, 2), None);
+    // The next pause copies into the kept buffers: no host allocation.
+    assert_eq!(a.device().calls(DeviceCall::AllocHost), 2);
+    a.pause(None).unwrap();
+    assert_eq!(a.device().calls(DeviceCall::AllocHost), 2);
+    assert_eq!(read(&a, w1 + 123, 7).as_deref(), Some(&b"WEIGHTS"[..]));
+    // Turned off, the next resume frees what it resumes.
+    a.set_retain_cpu_backup(false);
+    a.resume(None).unwrap();
+    assert_eq!(a.device().read_bytes(w1 + 123, 7).unwrap(), b"WEIGHTS");
+    assert_eq!(a.device().live_host_buffers(), 0);
+    assert_eq!(read(&a, w1 + 123, 7), None);
+    // A range outside every saver segment, or past the end of one, has no backup to read.
+    let outside = |addr, len| Err(SaverError::NotSaverMemory { addr, len });
+    assert_eq!(
+        a.cpu_backup(other, 8).map(|b| b.is_some()),
+        outside(other, 8)
+    );
+    assert_eq!(
+        a.cpu_backup(w2, 20 * MIB + 1).map(|b| b.is_some()),
+        outside(w2, 20 * MIB + 1)
+    );
+    assert_eq!(
+        a.cpu_backup(w2, u64::MAX).map(|b| b.is_some()),
+        outside(w2, u64::MAX)
+    );
+    check_consistency(&a);
+}
+
+/// A retained backup goes back with its segment.
+#[test]
+fn a_retained_backup_is_freed_with_its_segment() {
+    let mut a = cuda(100 * MIB, &AllocConf::default());
+    a.set_retain_cpu_backup(true);
+    let pool = a.saver_pool("weights", true).unwrap();
+    let p = a.malloc_in(30 * MIB, S0, pool).unwrap();
+    a.pause(None).unwrap();
+    a.resume(None).unwrap();
+    assert_eq!(a.device().live_host_buffers(), 1);
+    a.free(p).unwrap();
+    a.release_pool(pool).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.device().live_host_buffers(), 0);
+    assert_eq!(a.held_host_buffers(), 0);
+    assert_eq!(a.device().reserved_ranges().count(), 0);
+    check_consistency(&a);
+}

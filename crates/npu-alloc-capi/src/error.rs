@@ -96,6 +96,8 @@ impl From<RuntimeError<AclError>> for Fail {
                     NpuAllocStatus::OutOfMemory
                 }
                 SaverError::Device(_) => NpuAllocStatus::DeviceError,
+                // get_cpu_backup of memory no region allocated.
+                SaverError::NotSaverMemory { .. } => NpuAllocStatus::UnknownPointer,
                 _ => NpuAllocStatus::Refused,
             },
             RuntimeError::Free(

@@ -82,11 +82,13 @@ pub(crate) fn before_start<T>(
     set(if *started { started_runtime() } else { None })
 }
 
-/// Gives a runtime that is starting the hooks and the observers in force, and marks the start.
+/// Gives a runtime that is starting the hooks, the observers and the settings in force, and
+/// marks the start.
 pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
     let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
     apply(rt);
     crate::observe::apply_at_start(rt);
+    crate::cpu_backup::apply_at_start(rt);
     *started = true;
 }
 

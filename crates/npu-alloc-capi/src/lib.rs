@@ -7,7 +7,8 @@
 //!   [`npu_alloc_reset_peak_stats`]).
 //! - Direct entry points, each returning an [`NpuAllocStatus`], for what torch_npu does not
 //!   forward to a pluggable allocator: stats as JSON, `empty_cache`, `mem_get_info`, the memory
-//!   fraction, run-time settings, history and snapshots, private pools, the memory saver.
+//!   fraction, run-time settings, history and snapshots, private pools, the memory saver and its
+//!   CPU backups.
 //! - [`npu_alloc_last_error`]: the last failure of this thread as text.
 //!
 //! The process-wide runtime is made on first use from the environment: `libascendcl.so` from
@@ -18,12 +19,14 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+mod cpu_backup;
 mod error;
 mod exports;
 mod hook;
 mod observe;
 mod stderr_log;
 
+pub use cpu_backup::*;
 pub use error::NpuAllocStatus;
 pub use exports::*;
 pub use hook::{NpuAllocSyncHook, npu_alloc_acl_synchronize, npu_alloc_set_synchronize_hook};

@@ -140,6 +140,9 @@ pub struct Runtime<D: Device> {
     /// as torch's `MemPool` ids do.
     // std's, not the loom shim's: the allocators share it as plain data (a relaxed counter).
     pool_ids: std::sync::Arc<core::sync::atomic::AtomicU64>,
+    /// torch_memory_saver's `retain_cpu_backup`, given to each device's resume.
+    // std's, not the loom shim's: a setting read once per resume, with no order to keep.
+    pub(crate) retain_cpu_backup: core::sync::atomic::AtomicBool,
 }
 
 impl<D> Runtime<D>
@@ -169,6 +172,7 @@ where
             id: crate::scope::next_runtime_id(),
             open_scopes: Arc::new(AtomicU64::new(0)),
             pool_ids: std::sync::Arc::new(core::sync::atomic::AtomicU64::new(1)),
+            retain_cpu_backup: core::sync::atomic::AtomicBool::new(false),
         }
     }
 

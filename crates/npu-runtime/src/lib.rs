@@ -37,8 +37,8 @@ mod warn_once;
 pub use acl_device::{AclDevice, AclPlatform, Stream, keeping_current_device};
 pub use acl_sys::{AclError, Lib};
 pub use alloc_core::{
-    AllocError, DeviceFacts, DeviceStats, FreeError, GcStatus, HostQueue, OutOfMemory, PoolError,
-    PoolId, Rejection, SaverError, SaverStats, SegmentInfo, TagStats,
+    AllocError, CpuBackup, DeviceFacts, DeviceStats, FreeError, GcStatus, HostQueue, OutOfMemory,
+    PoolError, PoolId, Rejection, SaverError, SaverStats, SegmentInfo, TagStats,
 };
 pub use alloc_snapshot::{ExportError, WriteError};
 pub use api::{NpuAllocator, OomObserver, Opener, RejectionObserver, Result, Runtime};

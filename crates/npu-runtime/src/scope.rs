@@ -10,7 +10,7 @@
 
 use core::cell::RefCell;
 
-use alloc_core::{Device, PoolId, SaverError, SaverStats};
+use alloc_core::{CpuBackup, Device, PoolId, SaverError, SaverStats};
 
 use crate::api::{Entry, Runtime};
 use crate::device_allocator::DeviceAllocator;
@@ -319,7 +319,52 @@ where
     /// torch_memory_saver's `resume(tag)` (every paused tag for `None`) on every device used so
     /// far: returns the bytes mapped again.
     pub fn resume(&self, tag: Option<&str>) -> Result<u64, RuntimeError<D::Error>> {
-        self.each_device_saver(tag, |a| a.with(|a| a.resume(tag)))
+        let retain = self.retain_cpu_backup();
+        self.each_device_saver(tag, |a| {
+            a.with(|a| {
+                a.set_retain_cpu_backup(retain);
+                a.resume(tag)
+            })
+        })
+    }
+
+    /// torch_memory_saver's `retain_cpu_backup`: whether a resume keeps the CPU backups it
+    /// copied back, for `cpu_backup` to read and the next pause to reuse
+    /// ([`alloc_core::Allocator::set_retain_cpu_backup`]). Read at each resume.
+    pub fn set_retain_cpu_backup(&self, retain: bool) {
+        self.retain_cpu_backup
+            .store(retain, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether resumes keep CPU backups ([`Runtime::set_retain_cpu_backup`]).
+    pub fn retain_cpu_backup(&self) -> bool {
+        self.retain_cpu_backup
+            .load(core::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// torch_memory_saver's `get_cpu_backup`: runs `read` on the CPU backup of the `len` bytes
+    /// at `addr`, on whichever device holds them, under that device's lock: the backup buffer
+    /// and the offset of `addr` in it, or `None` for memory in use whose backup was not kept
+    /// ([`alloc_core::Allocator::cpu_backup`]). `read` must not call the runtime.
+    pub fn cpu_backup<R>(
+        &self,
+        addr: u64,
+        len: u64,
+        read: impl FnOnce(Option<CpuBackup<'_, D::HostBuffer>>) -> R,
+    ) -> Result<R, RuntimeError<D::Error>> {
+        let mut read = Some(read);
+        for entry in self.opened_all() {
+            let Entry::Caching(a) = entry else { continue };
+            let answer = a.with(|a| match a.cpu_backup(addr, len) {
+                Ok(backup) => Ok(Some(read.take().expect("read once")(backup))),
+                Err(SaverError::NotSaverMemory { .. }) => Ok(None),
+                Err(e) => Err(e),
+            })?;
+            if let Some(answer) = answer {
+                return Ok(answer);
+            }
+        }
+        Err(SaverError::NotSaverMemory { addr, len }.into())
     }
 
     /// Runs a pause or resume on each opened device and adds up the bytes. A device that does

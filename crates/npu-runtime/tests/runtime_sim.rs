@@ -360,6 +360,43 @@ fn the_memory_saver_pauses_and_resumes_every_device_at_the_same_addresses() {
 }
 
 #[test]
+fn cpu_backups_are_read_on_the_device_that_holds_them_and_kept_when_retained() {
+    let rt = sim::runtime(2, 256 * MIB, Config::default());
+    let w = {
+        let _region = rt.region(1, "weights", true).unwrap();
+        rt.malloc(40 * MIB, 1, S0).unwrap()
+    };
+    let plain = rt.malloc(MIB, 0, S0).unwrap();
+    rt.with_device(1, |d| d.write_bytes(w + 5, b"weights").unwrap())
+        .unwrap();
+    let read = |addr, len| rt.cpu_backup(addr, len, |b| b.map(|b| b.buffer.read(b.offset, len)));
+    assert_eq!(read(w + 5, 7), Ok(None));
+    rt.set_retain_cpu_backup(true);
+    assert!(rt.retain_cpu_backup());
+    rt.pause(None).unwrap();
+    assert_eq!(read(w + 5, 7), Ok(Some(b"weights".to_vec())));
+    rt.resume(None).unwrap();
+    // Kept by the resume (device 1's allocator was told at the resume).
+    assert_eq!(read(w + 5, 7), Ok(Some(b"weights".to_vec())));
+    rt.set_retain_cpu_backup(false);
+    rt.pause(None).unwrap();
+    rt.resume(None).unwrap();
+    assert_eq!(read(w + 5, 7), Ok(None));
+    // Memory outside every region, on either device, has no backup.
+    assert_eq!(
+        read(plain, 8),
+        Err(RuntimeError::Saver(
+            npu_runtime::SaverError::NotSaverMemory {
+                addr: plain,
+                len: 8
+            }
+        ))
+    );
+    rt.free(w).unwrap();
+    rt.free(plain).unwrap();
+}
+
+#[test]
 fn with_a_host_queue_the_hook_runs_without_the_lock_before_cached_memory_goes_back() {
     use npu_runtime::{HostQueue, SyncHook};
     // One 256 MiB device: a cached 150 MiB segment, then a 150 MiB request that only fits once

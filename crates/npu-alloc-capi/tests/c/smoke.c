@@ -94,6 +94,11 @@ int main(void) {
   bool history = false;
   CHECK(npu_alloc_is_history_enabled(&history) == NpuAllocStatus_Ok);
   CHECK(history);
+  /* Nor does keeping CPU backups across resumes (torch_memory_saver's retain_cpu_backup). */
+  CHECK(npu_alloc_set_retain_cpu_backup(true) == NpuAllocStatus_Ok);
+  bool retain = false;
+  CHECK(npu_alloc_get_retain_cpu_backup(&retain) == NpuAllocStatus_Ok && retain);
+  CHECK(npu_alloc_get_retain_cpu_backup(NULL) == NpuAllocStatus_InvalidArgument);
   CHECK(acl_calls("aclInit") == 0);
   npu_alloc_init(2);
   CHECK(acl_calls("aclInit") == 1);
@@ -219,8 +224,26 @@ int main(void) {
   void *kv = npu_alloc_malloc(2 << 20, 0, NULL);
   CHECK(kv != NULL);
   CHECK(npu_alloc_region_end(0) == NpuAllocStatus_Ok);
+  int (*write_device)(uint64_t, const void *, size_t) =
+      (int (*)(uint64_t, const void *, size_t))dlsym(acl, "fake_acl_write_device");
+  CHECK(write_device != NULL && write_device((uint64_t)(uintptr_t)kv + 8, "kv!", 3) == 0);
+  /* In use and never paused: no backup yet (upstream's None). */
+  char backup[3] = {0};
+  bool found = true;
+  CHECK(npu_alloc_copy_cpu_backup((char *)kv + 8, 3, backup, &found) == NpuAllocStatus_Ok && !found);
   npu_alloc_set_synchronize_hook(hook);
   CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_copy_cpu_backup((char *)kv + 8, 3, backup, &found) == NpuAllocStatus_Ok && found);
+  CHECK(memcmp(backup, "kv!", 3) == 0);
+  void *host = NULL;
+  CHECK(npu_alloc_cpu_backup_pointer((char *)kv + 8, 3, &host) == NpuAllocStatus_Ok);
+  CHECK(host != NULL && memcmp(host, "kv!", 3) == 0);
+  /* Memory no region allocated, and a null destination. */
+  void *plain = npu_alloc_malloc(4096, 0, NULL);
+  CHECK(npu_alloc_copy_cpu_backup(plain, 3, backup, &found) == NpuAllocStatus_UnknownPointer);
+  CHECK(npu_alloc_copy_cpu_backup(kv, 3, NULL, &found) == NpuAllocStatus_InvalidArgument);
+  CHECK(npu_alloc_cpu_backup_pointer(kv, 3, NULL) == NpuAllocStatus_InvalidArgument);
+  npu_alloc_free(plain, 4096, 0, NULL);
   /* Once for each device the library opened (b is on device 1), never with -1. */
   CHECK(hook_calls == 2 && hook_devices == 3);
   CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Refused); /* already paused */
@@ -236,6 +259,12 @@ int main(void) {
   CHECK(strstr(saver, "\"paused_bytes\":{\"current\":20971520,\"peak\":20971520}") != NULL);
   CHECK(strstr(saver, "\"tag\":\"kv\",\"paused\":true,\"segments\":1,\"bytes\":20971520,") != NULL);
   CHECK(npu_alloc_resume(NULL) == NpuAllocStatus_Ok);
+  /* Retained by the resume (set before the start): still the pause's bytes, at the same host
+     address. */
+  CHECK(npu_alloc_copy_cpu_backup((char *)kv + 8, 3, backup, &found) == NpuAllocStatus_Ok && found);
+  void *kept = NULL;
+  CHECK(npu_alloc_cpu_backup_pointer((char *)kv + 8, 3, &kept) == NpuAllocStatus_Ok && kept == host);
+  CHECK(npu_alloc_set_retain_cpu_backup(false) == NpuAllocStatus_Ok);
   npu_alloc_free(kv, 2 << 20, 0, NULL);
 
   /* With the synchronize hook set, the free of a block used on another stream drains the

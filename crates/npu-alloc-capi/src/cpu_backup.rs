@@ -1,0 +1,140 @@
+//! The memory saver's CPU backups, as torch_memory_saver offers them: `retain_cpu_backup` and
+//! `get_cpu_backup` (a copy, or with `zero_copy` the host memory itself).
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use acl_sys::HostMem;
+
+use crate::error::{Fail, NpuAllocStatus, status};
+use crate::exports::{runtime, write_out};
+use crate::hook::before_start;
+
+/// The retention setting, given to the runtime at its start.
+static RETAIN: AtomicBool = AtomicBool::new(false);
+
+/// Gives a starting runtime the retention setting.
+pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
+    rt.set_retain_cpu_backup(RETAIN.load(Ordering::Relaxed));
+}
+
+/// torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
+/// CPU backup (its bytes at the pause, not updated while the memory is in use) for
+/// [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
+/// allocating host memory again (so it cannot run out of host memory). Read at each resume:
+/// turning it off frees nothing at once; the next resume frees what it resumes. Does not start
+/// the library.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_set_retain_cpu_backup(retain: bool) -> NpuAllocStatus {
+    status(|| {
+        before_start(|rt| {
+            RETAIN.store(retain, Ordering::Relaxed);
+            if let Some(rt) = rt {
+                rt.set_retain_cpu_backup(retain);
+            }
+        });
+        Ok(())
+    })
+}
+
+/// Whether resumes keep CPU backups ([`npu_alloc_set_retain_cpu_backup`]) into `*retain`.
+/// Does not start the library.
+///
+/// # Safety
+/// `retain` is a writable `bool`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_get_retain_cpu_backup(retain: *mut bool) -> NpuAllocStatus {
+    status(|| {
+        // SAFETY: `retain` is null or writable by the caller's contract.
+        unsafe {
+            write_out(retain, "get_retain_cpu_backup: null pointer", || {
+                Ok(RETAIN.load(Ordering::Relaxed))
+            })
+        }
+    })
+}
+
+/// Runs `read` on the backup of the `nbytes` bytes at device address `ptr` (the host memory
+/// and the offset in it, `None` for memory in use without a kept backup), under the device's
+/// lock.
+fn with_backup<R>(
+    ptr: *const c_void,
+    nbytes: usize,
+    read: impl FnOnce(Option<(&HostMem, usize)>) -> R,
+) -> Result<R, Fail> {
+    let (addr, len) = (ptr as usize as u64, nbytes as u64);
+    Ok(runtime()?.cpu_backup(addr, len, |backup| {
+        // The offset and length lie inside the buffer (the core checked them against its
+        // segment, whose size the buffer has), so they fit in a `usize`.
+        read(backup.map(|b| (b.buffer, b.offset as usize)))
+    })?)
+}
+
+/// torch_memory_saver's `get_cpu_backup(x)`: copies the CPU backup of the `nbytes` bytes at
+/// device address `ptr` into `dst` and sets `*found`. Paused memory of a region with CPU
+/// backup has one (its bytes at the pause); memory in use has one while
+/// [`npu_alloc_set_retain_cpu_backup`] kept it (its bytes at the last pause); otherwise
+/// `*found` is false and `dst` untouched (upstream's `None`). Paused memory of a region
+/// without backup is `Refused`; bytes outside every region's memory, or across two of its
+/// segments, are `UnknownPointer`.
+///
+/// # Safety
+/// `dst` is writable for `nbytes` bytes and does not overlap a CPU backup (memory
+/// [`npu_alloc_cpu_backup_pointer`] hands out); `found` is a writable `bool`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_copy_cpu_backup(
+    ptr: *const c_void,
+    nbytes: usize,
+    dst: *mut c_void,
+    found: *mut bool,
+) -> NpuAllocStatus {
+    status(|| {
+        if dst.is_null() && nbytes > 0 {
+            return Err(Fail::invalid("copy_cpu_backup: null destination"));
+        }
+        let copy = || {
+            with_backup(ptr, nbytes, |backup| {
+                let Some((buffer, offset)) = backup else {
+                    return false;
+                };
+                let bytes = &buffer.as_slice()[offset..offset + nbytes];
+                // SAFETY: `dst` is writable for `nbytes` bytes by the caller's contract
+                // (non-null when `nbytes` > 0, checked above), and by the same contract it does
+                // not overlap a backup.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), dst.cast::<u8>(), nbytes) };
+                true
+            })
+        };
+        // SAFETY: `found` is null or writable by the caller's contract.
+        unsafe { write_out(found, "copy_cpu_backup: null found", copy) }
+    })
+}
+
+/// torch_memory_saver's `get_cpu_backup(x, zero_copy=True)`: the host address of the CPU
+/// backup of the `nbytes` bytes at device address `ptr` into `*host`, NULL where
+/// [`npu_alloc_copy_cpu_backup`] finds none (same errors). The memory stays valid until a
+/// resume without retention frees it (upstream: valid only while the memory is paused, unless
+/// retained); read it, do not write it.
+///
+/// # Safety
+/// `host` is a writable pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn npu_alloc_cpu_backup_pointer(
+    ptr: *const c_void,
+    nbytes: usize,
+    host: *mut *mut c_void,
+) -> NpuAllocStatus {
+    status(|| {
+        // SAFETY: `host` is null or writable by the caller's contract.
+        unsafe {
+            write_out(host, "cpu_backup_pointer: null host", || {
+                with_backup(ptr, nbytes, |backup| match backup {
+                    Some((buffer, offset)) => {
+                        buffer.as_ptr().cast::<u8>().wrapping_add(offset).cast()
+                    }
+                    None => std::ptr::null_mut(),
+                })
+            })
+        }
+    })
+}
