@@ -161,10 +161,9 @@ impl<D: Device> Allocator<D> {
             return id;
         }
         let (pool, set, was_split, whole) = (block.pool, block.set, block.is_split(), block.size);
-        let gc_base = block.gc_base;
         let aid = self.carve(id, offset);
+        // Its GC age starts again, as torch_npu's: the block found was reset when it was taken.
         self.pools[(set, pool)].insert(&mut self.blocks[id], id);
-        self.blocks[id].gc_base = gc_base;
         if !self.blocks[id].is_expandable() {
             // Both parts are now free split blocks (torch_npu leaves the head out of the count;
             // docs/deviations.md).

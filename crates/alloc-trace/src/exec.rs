@@ -149,6 +149,9 @@ pub struct OpCounts {
     pub pauses: u64,
     /// `resume` operations that mapped something again.
     pub resumes: u64,
+    /// Of those, the ones under `retain_cpu_backup on`, which kept their CPU backups for the
+    /// next pause to reuse.
+    pub retained_resumes: u64,
     /// `resume` operations that ran out of device memory (the tag stays paused).
     pub resume_ooms: u64,
     /// `pause` operations that ran out of host memory for a CPU backup (what they had not
@@ -919,6 +922,10 @@ impl Executor {
             }
             OpKind::Pause(ref tag) => self.pause_or_resume(tag.as_deref(), true),
             OpKind::Resume(ref tag) => self.pause_or_resume(tag.as_deref(), false),
+            OpKind::RetainCpuBackup(retain) => {
+                self.alloc.set_retain_cpu_backup(retain);
+                Outcome::Done
+            }
             OpKind::Fill { id, byte } => self.fill_or_expect(id, byte, true),
             OpKind::Expect { id, byte } => self.fill_or_expect(id, byte, false),
         })
@@ -1391,7 +1398,12 @@ impl Executor {
         match result {
             Ok(0) => {}
             Ok(_) if pause => self.counts.pauses += 1,
-            Ok(_) => self.counts.resumes += 1,
+            Ok(_) => {
+                self.counts.resumes += 1;
+                if self.alloc.retain_cpu_backup() {
+                    self.counts.retained_resumes += 1;
+                }
+            }
             Err(SaverError::OutOfMemory { .. }) if !pause => self.counts.resume_ooms += 1,
             Err(SaverError::HostOutOfMemory { .. }) if pause => self.counts.pause_ooms += 1,
             Err(_) => return false,
@@ -2397,6 +2409,23 @@ mod tests {
         // The expect and the fill while paused.
         assert_eq!(r.counts.skipped, 2);
         assert_eq!(r.counts.faults_fired, 2);
+    }
+
+    #[test]
+    fn a_retained_backup_takes_the_next_pause_without_host_memory() {
+        // Retained, the backup is reused: the next pause needs no aclrtMallocHost, so one that
+        // would run out of host memory does not happen, and the bytes written since are those
+        // copied. Without retention the same pause runs out of host memory.
+        let steps = "region w cpu_backup\nalloc a 800K\nfill a 1\npause w\nresume w\n\
+                     expect a 1\nfill a 2\nfault alloc_host 1 oom\npause w\nresume w\n\
+                     expect a 2\n";
+        let r = checked(&format!("retain_cpu_backup on\n{steps}drain\n")).unwrap();
+        assert_eq!(r.counts.pause_ooms, 0);
+        assert_eq!((r.counts.resumes, r.counts.retained_resumes), (2, 2));
+        assert_eq!(r.counts.faults_fired, 0);
+        let r = checked(&format!("{steps}drain\n")).unwrap();
+        assert_eq!(r.counts.pause_ooms, 1);
+        assert_eq!((r.counts.resumes, r.counts.retained_resumes), (1, 0));
     }
 
     #[test]

@@ -156,6 +156,9 @@ pub enum OpKind {
     Pause(Option<String>),
     /// `resume [<tag>]`: the memory saver's resume of `tag` (every paused tag without one).
     Resume(Option<String>),
+    /// `retain_cpu_backup on|off`: torch_memory_saver's `retain_cpu_backup`, read at each
+    /// later resume: with it, a resume keeps the CPU backups, which the next pause reuses.
+    RetainCpuBackup(bool),
     /// `fill <id> <byte>`: writes `byte` into the first and last 8 bytes of allocation `id`.
     Fill {
         /// The allocation's name.
@@ -228,6 +231,7 @@ impl OpKind {
             OpKind::EndRegion => "end_region",
             OpKind::Pause(_) => "pause",
             OpKind::Resume(_) => "resume",
+            OpKind::RetainCpuBackup(_) => "retain_cpu_backup",
             OpKind::Fill { .. } => "fill",
             OpKind::Expect { .. } => "expect",
         }

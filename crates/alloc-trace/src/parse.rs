@@ -169,7 +169,7 @@ pub enum TraceErrorKind {
 
 /// Every keyword of the format (directives and operations), for the "keywords are lower case"
 /// hint and for tests that generate traces.
-pub const KEYWORDS: [&str; 32] = [
+pub const KEYWORDS: [&str; 33] = [
     "capacity",
     "conf",
     "device_overhead",
@@ -200,6 +200,7 @@ pub const KEYWORDS: [&str; 32] = [
     "end_region",
     "pause",
     "resume",
+    "retain_cpu_backup",
     "fill",
     "expect",
 ];
@@ -272,10 +273,10 @@ impl fmt::Display for TraceErrorKind {
                 f,
                 "unknown option `{}` after `{keyword}`: expected {}",
                 Echo(token),
-                if *keyword == "pool" {
-                    "`use_on_oom` or `no_split`, each at most once"
-                } else {
-                    "`cpu_backup`"
+                match *keyword {
+                    "pool" => "`use_on_oom` or `no_split`, each at most once",
+                    "retain_cpu_backup" => "`on` or `off`",
+                    _ => "`cpu_backup`",
                 }
             ),
             TraceErrorKind::UnknownFlavour { token } => {
@@ -715,6 +716,20 @@ impl<'a> Parser<'a> {
                     OpKind::Resume(tag)
                 }
             }
+            "retain_cpu_backup" => {
+                let retain = match args.need("on|off")? {
+                    "on" => true,
+                    "off" => false,
+                    token => {
+                        return Err(TraceErrorKind::UnknownOption {
+                            keyword,
+                            token: token.to_owned(),
+                        });
+                    }
+                };
+                args.end()?;
+                OpKind::RetainCpuBackup(retain)
+            }
             "fill" | "expect" => {
                 let id = self.intern(args.need("<id>")?)?;
                 let token = args.need("<byte>")?;
@@ -884,6 +899,35 @@ mod tests {
         let t = parse("pool p no_split use_on_oom\n").unwrap();
         let line = crate::write::Line::new(&t, &t.ops[0].kind).to_string();
         assert_eq!(line, "pool p use_on_oom no_split");
+    }
+
+    #[test]
+    fn retain_cpu_backup_takes_on_or_off() {
+        let t = parse("retain_cpu_backup on\nretain_cpu_backup off\n").unwrap();
+        let kinds: Vec<_> = t.ops.iter().map(|op| op.kind.clone()).collect();
+        assert_eq!(
+            kinds,
+            [
+                OpKind::RetainCpuBackup(true),
+                OpKind::RetainCpuBackup(false)
+            ]
+        );
+        for op in &t.ops {
+            let line = crate::write::Line::new(&t, &op.kind).to_string();
+            assert_eq!(parse(&format!("{line}\n")).unwrap().ops[0].kind, op.kind);
+        }
+        assert_eq!(
+            msg("retain_cpu_backup yes\n"),
+            "t.trace:1: unknown option `yes` after `retain_cpu_backup`: expected `on` or `off`"
+        );
+        assert!(matches!(
+            err("retain_cpu_backup\n", 1),
+            TraceErrorKind::MissingToken { .. }
+        ));
+        assert!(matches!(
+            err("retain_cpu_backup on off\n", 1),
+            TraceErrorKind::ExtraToken { .. }
+        ));
     }
 
     #[test]

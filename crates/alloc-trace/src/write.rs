@@ -63,6 +63,9 @@ impl fmt::Display for Line<'_> {
             OpKind::Pause(Some(ref tag)) | OpKind::Resume(Some(ref tag)) => {
                 write!(f, "{keyword} {tag}")
             }
+            OpKind::RetainCpuBackup(retain) => {
+                write!(f, "{keyword} {}", if retain { "on" } else { "off" })
+            }
             OpKind::Fill { id, byte } | OpKind::Expect { id, byte } => {
                 write!(f, "{keyword} {} {byte}", name(id))
             }

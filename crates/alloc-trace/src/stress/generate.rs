@@ -81,6 +81,9 @@ pub(crate) struct Generator {
     /// `empty_cache` lines drawn: every third is `empty_virt_addr_cache` (counted, not drawn,
     /// so that every seed's other operations stay what they were).
     empty_caches: u64,
+    /// `resume` lines drawn: every second is followed by `retain_cpu_backup`, on and off in
+    /// turn (counted, not drawn, as `empty_caches`).
+    resumes: u64,
 }
 
 /// The memory-saver tags drawn: weights kept through pauses by a CPU backup, a KV cache not.
@@ -101,6 +104,7 @@ impl Generator {
             freed: VecDeque::new(),
             scopes: Vec::new(),
             pools: Vec::new(),
+            resumes: 0,
             empty_caches: 0,
         }
     }
@@ -179,7 +183,14 @@ impl Generator {
             }
             6 if !held.is_empty() => OpKind::Pool(PoolOp::Release(r.pick(&held).to_owned())),
             7 => OpKind::Pause(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
-            8 => OpKind::Resume(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
+            8 => {
+                let tag = r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned());
+                self.resumes += 1;
+                if self.resumes % 2 == 0 {
+                    self.queued = Some(OpKind::RetainCpuBackup(self.resumes % 4 == 2));
+                }
+                OpKind::Resume(tag)
+            }
             _ if !self.live.is_empty() => {
                 let id = r.pick(&self.live);
                 match exec.filled(id) {
