@@ -186,7 +186,7 @@ impl Generator {
             8 => {
                 let tag = r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned());
                 self.resumes += 1;
-                if self.resumes % 2 == 0 {
+                if self.resumes.is_multiple_of(2) {
                     self.queued = Some(OpKind::RetainCpuBackup(self.resumes % 4 == 2));
                 }
                 OpKind::Resume(tag)
