@@ -133,25 +133,26 @@ impl Rejection {
 }
 
 /// `x` (0 to 100) as C++'s `ostream` writes a double by default (`%g`, precision 6): six
-/// significant digits, trailing zeros and a bare point dropped.
+/// significant digits, trailing zeros and a bare point dropped, and below 1e-4 in exponent form
+/// (`1.5e-05`).
 fn write_six_significant(f: &mut fmt::Formatter<'_>, x: f64) -> fmt::Result {
-    // One decimal fewer per digit before the point past the first, one more per leading zero.
-    let (mut decimals, mut scaled) = (5usize, x);
-    while scaled >= 10.0 && decimals > 0 {
-        scaled /= 10.0;
-        decimals -= 1;
-    }
-    while scaled > 0.0 && scaled < 1.0 && decimals < 20 {
-        scaled *= 10.0;
-        decimals += 1;
-    }
-    let text = alloc::format!("{x:.decimals$}");
-    let text = if text.contains('.') {
-        text.trim_end_matches('0').trim_end_matches('.')
-    } else {
-        &text
+    // Rounded to six significant digits first: `%g` picks its form by the rounded exponent.
+    let rounded = alloc::format!("{x:.5e}");
+    let (mantissa, exponent) = rounded.split_once('e').unwrap_or((&rounded, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let trim = |text: &str| -> alloc::string::String {
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').into()
+        } else {
+            text.into()
+        }
     };
-    f.write_str(text)
+    if x != 0.0 && !(-4..6).contains(&exponent) {
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return write!(f, "{}e{sign}{:02}", trim(mantissa), exponent.unsigned_abs());
+    }
+    let decimals = usize::try_from(5 - exponent).unwrap_or(0);
+    f.write_str(&trim(&alloc::format!("{x:.decimals$}")))
 }
 
 impl fmt::Display for Rejection {
@@ -313,6 +314,12 @@ mod tests {
             (0.0123456789, "0.0123457"),
             (99.99999996, "100"),
             (0.0, "0"),
+            // printf("%g") below 1e-4: the exponent form, two exponent digits at least.
+            (0.0001, "0.0001"),
+            (0.00001234567, "1.23457e-05"),
+            (0.000099999996, "0.0001"),
+            (5e-7, "5e-07"),
+            (1.5e-123, "1.5e-123"),
         ];
         for (x, text) in cases {
             assert_eq!(Pct(x).to_string(), text, "{x}");
