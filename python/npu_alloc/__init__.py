@@ -603,8 +603,8 @@ class _MemorySaver:
     def get_cpu_backup(self, x, zero_copy=False):
         """The CPU backup of contiguous NPU tensor ``x`` as a CPU tensor of its dtype and shape
         (``cpu_backup``), None where there is none. With ``zero_copy`` the tensor is the backup's
-        host memory itself, valid until a resume without ``retain_cpu_backup`` frees it (read
-        it, do not write it); else a copy."""
+        host memory itself, to rely on only until the next pause or resume of its tag (a resume
+        without ``retain_cpu_backup`` frees it; read it, do not write it); else a copy."""
         import torch
         if x.device.type != "npu":
             raise ValueError("get_cpu_backup needs an NPU tensor, not one on %s" % (x.device,))
@@ -618,8 +618,12 @@ class _MemorySaver:
                                                         ctypes.byref(host)))
             if not host.value:
                 return None
-            out = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host.value),
-                                   dtype=torch.uint8)
+            if nbytes == 0:
+                # torch.frombuffer refuses an empty buffer.
+                out = torch.empty(0, dtype=torch.uint8)
+            else:
+                out = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(host.value),
+                                       dtype=torch.uint8)
         else:
             out = torch.empty(nbytes, dtype=torch.uint8)
             if not _copy_cpu_backup(x.data_ptr(), nbytes, out.data_ptr()):
@@ -686,7 +690,7 @@ def set_retain_cpu_backup(retain):
     """torch_memory_saver's ``retain_cpu_backup = retain``: with it, a resume keeps each
     segment's CPU backup (its bytes at the pause, not updated while the memory is in use) for
     ``cpu_backup`` to read, and the next pause copies into it instead of allocating host memory
-    again. Read at each resume; turning it off frees the backups at the next resume."""
+    again. Read at each resume; turning it off frees a tag's backups at its next resume."""
     _check(_load(start=False).npu_alloc_set_retain_cpu_backup(bool(retain)))
 
 

@@ -431,13 +431,22 @@ impl<D: Device> Allocator<D> {
                 }
             }
         }
-        let mut bytes = 0;
-        let retain = self.saver.retain_cpu_backup;
-        for &addr in &done {
-            let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
-            bytes += seg.size;
-            if !retain && let Some(buffer) = seg.backup.take() {
-                self.give_back_host(buffer);
+        let bytes = done.iter().map(|addr| self.saver.segments[addr].size).sum();
+        if !self.saver.retain_cpu_backup {
+            // What this call mapped, and what an earlier one left mapped with its backup (an
+            // undo whose unmap failed): no mapped segment of these tags keeps one.
+            let kept: Vec<u64> = self
+                .saver
+                .segments
+                .iter()
+                .filter(|(_, s)| s.page.is_some() && s.backup.is_some() && sets.contains(&s.set))
+                .map(|(&addr, _)| addr)
+                .collect();
+            for addr in kept {
+                let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
+                if let Some(buffer) = seg.backup.take() {
+                    self.give_back_host(buffer);
+                }
             }
         }
         for &set in &sets {
@@ -573,8 +582,8 @@ impl<D: Device> Allocator<D> {
     /// torch_memory_saver's `retain_cpu_backup`: with it, a resume keeps each segment's CPU
     /// backup (what it held at the pause, not updated while the memory is in use) and the next
     /// pause copies into it instead of allocating host memory again. Read at each resume:
-    /// turning it off frees nothing at once; the next resume frees the buffers it resumes,
-    /// and a segment's release frees its own.
+    /// turning it off frees nothing at once; the next resume of a tag frees the backups of its
+    /// mapped segments, and a segment's release frees its own.
     pub fn set_retain_cpu_backup(&mut self, retain: bool) {
         self.saver.retain_cpu_backup = retain;
     }
@@ -777,7 +786,8 @@ impl<D: Device> Allocator<D> {
             .collect()
     }
 
-    /// Host buffers the allocator holds: paused segments' backups and parked ones.
+    /// Host buffers the allocator holds: segments' backups (paused, retained, or kept by a
+    /// failed resume) and parked ones.
     pub fn held_host_buffers(&self) -> usize {
         self.saver
             .segments

@@ -352,6 +352,32 @@ fn a_segment_left_mapped_by_a_double_fault_gets_its_bytes_at_the_next_resume() {
     check_consistency(&a);
 }
 
+/// A resume that fails on its second segment and whose undo of the first fails too leaves the
+/// first mapped with its backup; without retention, the next resume frees that backup as well.
+#[test]
+fn a_backup_left_by_a_failed_undo_goes_at_the_next_resume_without_retention() {
+    let (mut a, [w1, w2, ..]) = rollout();
+    a.device_mut().write_bytes(w1, b"old").unwrap();
+    assert_eq!(a.pause(Some("weights")), Ok(40 * MIB));
+    a.device_mut()
+        .fail_nth(DeviceCall::CreatePage, 2, Fault::OutOfMemory);
+    a.device_mut()
+        .fail_nth(DeviceCall::Unmap, 1, Fault::Error(507_899));
+    assert!(matches!(
+        a.resume(Some("weights")),
+        Err(SaverError::OutOfMemory { .. })
+    ));
+    check_consistency(&a);
+    assert_eq!(a.device().live_host_buffers(), 2);
+    // The second segment is mapped now; the first was left mapped, its backup kept.
+    assert_eq!(a.resume(Some("weights")), Ok(20 * MIB));
+    assert_eq!(a.device().live_host_buffers(), 0);
+    a.device_mut().write_bytes(w1, b"new").unwrap();
+    assert!(a.cpu_backup(w1, 3).unwrap().is_none());
+    assert!(a.cpu_backup(w2, 3).unwrap().is_none());
+    check_consistency(&a);
+}
+
 /// torch_memory_saver's `get_cpu_backup` and `retain_cpu_backup`: a paused tag's backup holds
 /// its bytes at the pause; retained, it outlives the resume (still the pause's bytes) and the
 /// next pause copies into it instead of allocating host memory again.

@@ -2426,6 +2426,11 @@ mod tests {
         let r = checked(&format!("{steps}drain\n")).unwrap();
         assert_eq!(r.counts.pause_ooms, 1);
         assert_eq!((r.counts.resumes, r.counts.retained_resumes), (1, 0));
+        // A segment made after the retaining resume has no buffer yet: its pause needs one.
+        let text = "retain_cpu_backup on\nregion w cpu_backup\nalloc a 800K\npause w\n\
+                    resume w\nalloc b 30M\nfault alloc_host 1 oom\npause w\ndrain\n";
+        let r = checked(text).unwrap();
+        assert_eq!((r.counts.pause_ooms, r.counts.faults_fired), (1, 1));
     }
 
     #[test]

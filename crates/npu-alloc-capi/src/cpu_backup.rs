@@ -21,9 +21,9 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
 /// torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
 /// CPU backup (its bytes at the pause, not updated while the memory is in use) for
 /// [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
-/// allocating host memory again (so it cannot run out of host memory). Read at each resume:
-/// turning it off frees nothing at once; the next resume frees what it resumes. Does not start
-/// the library.
+/// allocating host memory again (so, for those segments, it cannot run out of host memory).
+/// Read at each resume: turning it off frees nothing at once; the next resume of a tag frees
+/// its backups. Does not start the library.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_retain_cpu_backup(retain: bool) -> NpuAllocStatus {
     status(|| {
@@ -112,9 +112,10 @@ pub unsafe extern "C" fn npu_alloc_copy_cpu_backup(
 
 /// torch_memory_saver's `get_cpu_backup(x, zero_copy=True)`: the host address of the CPU
 /// backup of the `nbytes` bytes at device address `ptr` into `*host`, NULL where
-/// [`npu_alloc_copy_cpu_backup`] finds none (same errors). The memory stays valid until a
-/// resume without retention frees it (upstream: valid only while the memory is paused, unless
-/// retained); read it, do not write it.
+/// [`npu_alloc_copy_cpu_backup`] finds none (same errors). Rely on the memory only until the
+/// next pause or resume of its tag: a resume without retention frees it (as upstream's, valid
+/// only while the memory is paused unless retained), and so may a pause that fails. Read it, do
+/// not write it.
 ///
 /// # Safety
 /// `host` is a writable pointer.

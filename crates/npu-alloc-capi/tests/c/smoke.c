@@ -240,7 +240,11 @@ int main(void) {
   CHECK(host != NULL && memcmp(host, "kv!", 3) == 0);
   /* Memory no region allocated, and a null destination. */
   void *plain = npu_alloc_malloc(4096, 0, NULL);
+  found = true;
   CHECK(npu_alloc_copy_cpu_backup(plain, 3, backup, &found) == NpuAllocStatus_UnknownPointer);
+  CHECK(found); /* untouched on error */
+  found = false;
+  CHECK(npu_alloc_copy_cpu_backup(kv, 0, NULL, &found) == NpuAllocStatus_Ok && found);
   CHECK(npu_alloc_copy_cpu_backup(kv, 3, NULL, &found) == NpuAllocStatus_InvalidArgument);
   CHECK(npu_alloc_cpu_backup_pointer(kv, 3, NULL) == NpuAllocStatus_InvalidArgument);
   npu_alloc_free(plain, 4096, 0, NULL);
