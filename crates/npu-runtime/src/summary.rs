@@ -93,6 +93,8 @@ pub fn memory_summary(
         (&stats.segment, "NPU reserved segments", format_count),
         (&stats.inactive_split, "Non-releasable allocs", format_count),
     ];
+    // Read through torch's int64 stats, as `DeviceStats::flat` reports them.
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let mut lines = vec![
         "=".repeat(WIDTH),
         format!(
@@ -102,7 +104,10 @@ pub fn memory_summary(
         "-".repeat(WIDTH),
         format!(
             "  {:9} NPU OOMs: {:<13} | {:6} npuMalloc retries: {:<9}  ",
-            "", stats.num_ooms, "", stats.num_alloc_retries
+            "",
+            count(stats.num_ooms),
+            "",
+            count(stats.num_alloc_retries)
         ),
         "=".repeat(WIDTH),
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ".to_owned(),
@@ -207,6 +212,13 @@ mod tests {
             "|            NPU OOMs: 2             |        npuMalloc retries: 0          |"
         );
         assert!(lines[1].contains("PyTorch NPU memory summary, device ID 3 "));
+        // Counters read as torch's int64 (`flat`'s cap), as torch_npu's `{:<13d}` prints them.
+        let huge = DeviceStats {
+            num_ooms: u64::MAX,
+            ..DeviceStats::default()
+        };
+        let huge = memory_summary(0, &huge, true, ExpandableSummary::default());
+        assert!(huge.contains("NPU OOMs: 9223372036854775807 |"), "{huge}");
         assert!(lines[3].contains("NPU OOMs: 2 "));
         assert!(lines[3].contains("npuMalloc retries: 0 "));
         assert_eq!(
