@@ -84,56 +84,6 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
- * CPU backup (its bytes at the pause, not updated while the memory is in use) for
- * [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
- * allocating host memory again (so, for those segments, it cannot run out of host memory).
- * Read at each resume: turning it off frees nothing at once; the next resume of a tag frees
- * its backups. Does not start the library.
- */
-enum NpuAllocStatus npu_alloc_set_retain_cpu_backup(bool retain);
-
-/**
- * Whether resumes keep CPU backups ([`npu_alloc_set_retain_cpu_backup`]) into `*retain`.
- * Does not start the library.
- *
- * # Safety
- * `retain` is a writable `bool`.
- */
-enum NpuAllocStatus npu_alloc_get_retain_cpu_backup(bool *retain);
-
-/**
- * torch_memory_saver's `get_cpu_backup(x)`: copies the CPU backup of the `nbytes` bytes at
- * device address `ptr` into `dst` and sets `*found`. Paused memory of a region with CPU
- * backup has one (its bytes at the pause); memory in use has one while
- * [`npu_alloc_set_retain_cpu_backup`] kept it (its bytes at the last pause); otherwise
- * `*found` is false and `dst` untouched (upstream's `None`). Paused memory of a region
- * without backup is `Refused`; bytes outside every region's memory, or across two of its
- * segments, are `UnknownPointer`.
- *
- * # Safety
- * `dst` is writable for `nbytes` bytes and does not overlap a CPU backup (memory
- * [`npu_alloc_cpu_backup_pointer`] hands out); `found` is a writable `bool`.
- */
-enum NpuAllocStatus npu_alloc_copy_cpu_backup(const void *ptr,
-                                              uintptr_t nbytes,
-                                              void *dst,
-                                              bool *found);
-
-/**
- * torch_memory_saver's `get_cpu_backup(x, zero_copy=True)`: the host address of the CPU
- * backup of the `nbytes` bytes at device address `ptr` into `*host`, NULL where
- * [`npu_alloc_copy_cpu_backup`] finds none (same errors). Rely on the memory only until the
- * next pause or resume of its tag: a resume without retention frees it (as upstream's, valid
- * only while the memory is paused unless retained), and so may a pause that fails. Read it, do
- * not write it.
- *
- * # Safety
- * `host` is a writable pointer.
- */
-enum NpuAllocStatus npu_alloc_cpu_backup_pointer(const void *ptr, uintptr_t nbytes, void **host);
-
-/**
  * torch_npu's pluggable `alloc`: `size` bytes on `device` for use on `stream`. NULL for a
  * zero-size request (no error) and on failure (the reason in the last error; for out of
  * memory, torch_npu's message).
@@ -511,6 +461,65 @@ enum NpuAllocStatus npu_alloc_record_memory_history(bool enabled, uintptr_t max_
  * `enabled` is a writable `bool`.
  */
 enum NpuAllocStatus npu_alloc_is_history_enabled(bool *enabled);
+
+/**
+ * torch_memory_saver's `memory_margin_bytes = bytes`: a new segment of a memory-saver region
+ * (an allocation no cached block of its tag serves) runs out of memory, through the retry
+ * chain, unless the device would keep `bytes` free beside it (asked with `aclrtGetMemInfo`
+ * before each such segment). 0, the default, turns the check off. Other pools and resumes are
+ * not checked, as upstream. Does not start the library.
+ */
+enum NpuAllocStatus npu_alloc_set_memory_margin_bytes(uint64_t bytes);
+
+/**
+ * torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
+ * CPU backup (its bytes at the pause, not updated while the memory is in use) for
+ * [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
+ * allocating host memory again (so, for those segments, it cannot run out of host memory).
+ * Read at each resume: turning it off frees nothing at once; the next resume of a tag frees
+ * its backups. Does not start the library.
+ */
+enum NpuAllocStatus npu_alloc_set_retain_cpu_backup(bool retain);
+
+/**
+ * Whether resumes keep CPU backups ([`npu_alloc_set_retain_cpu_backup`]) into `*retain`.
+ * Does not start the library.
+ *
+ * # Safety
+ * `retain` is a writable `bool`.
+ */
+enum NpuAllocStatus npu_alloc_get_retain_cpu_backup(bool *retain);
+
+/**
+ * torch_memory_saver's `get_cpu_backup(x)`: copies the CPU backup of the `nbytes` bytes at
+ * device address `ptr` into `dst` and sets `*found`. Paused memory of a region with CPU
+ * backup has one (its bytes at the pause); memory in use has one while
+ * [`npu_alloc_set_retain_cpu_backup`] kept it (its bytes at the last pause); otherwise
+ * `*found` is false and `dst` untouched (upstream's `None`). Paused memory of a region
+ * without backup is `Refused`; bytes outside every region's memory, or across two of its
+ * segments, are `UnknownPointer`.
+ *
+ * # Safety
+ * `dst` is writable for `nbytes` bytes and does not overlap a CPU backup (memory
+ * [`npu_alloc_cpu_backup_pointer`] hands out); `found` is a writable `bool`.
+ */
+enum NpuAllocStatus npu_alloc_copy_cpu_backup(const void *ptr,
+                                              uintptr_t nbytes,
+                                              void *dst,
+                                              bool *found);
+
+/**
+ * torch_memory_saver's `get_cpu_backup(x, zero_copy=True)`: the host address of the CPU
+ * backup of the `nbytes` bytes at device address `ptr` into `*host`, NULL where
+ * [`npu_alloc_copy_cpu_backup`] finds none (same errors). Rely on the memory only until the
+ * next pause or resume of its tag: a resume without retention frees it (as upstream's, valid
+ * only while the memory is paused unless retained), and so may a pause that fails. Read it, do
+ * not write it.
+ *
+ * # Safety
+ * `host` is a writable pointer.
+ */
+enum NpuAllocStatus npu_alloc_cpu_backup_pointer(const void *ptr, uintptr_t nbytes, void **host);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -138,6 +138,7 @@ def _load(start=True):
             "npu_alloc_pause": ([c_char], c_int),
             "npu_alloc_resume": ([c_char], c_int),
             "npu_alloc_set_retain_cpu_backup": ([ctypes.c_bool], c_int),
+            "npu_alloc_set_memory_margin_bytes": ([ctypes.c_uint64], c_int),
             "npu_alloc_get_retain_cpu_backup": ([ctypes.POINTER(ctypes.c_bool)], c_int),
             "npu_alloc_copy_cpu_backup": ([c_void, c_size, c_void, ctypes.POINTER(ctypes.c_bool)],
                                           c_int),
@@ -532,8 +533,8 @@ class _MemorySaver:
     for code written against it: ``region``, ``pause``, ``resume``, ``disable`` and ``enabled``
     behave as upstream's (on the current device). ``hook_mode`` accepts upstream's values and
     changes nothing: npu-alloc is the allocator, there is nothing to hook. What npu-alloc does
-    not offer (``cuda_graph``, ``memory_margin_bytes``, ``enable_disk_backup``) raises
-    ``NotImplementedError`` rather than
+    not offer (``cuda_graph``, ``enable_disk_backup``) raises ``NotImplementedError`` rather
+    than
     doing something else silently; ``configure_subprocess`` has nothing to configure. As upstream, pausing or
     resuming a tag no region was entered for does nothing (``npu_alloc.pause`` refuses it)."""
 
@@ -590,11 +591,11 @@ class _MemorySaver:
 
     @property
     def memory_margin_bytes(self):
-        raise NotImplementedError("memory_margin_bytes can only be set, as in torch_memory_saver")
+        raise NotImplementedError("Only setter is supported")  # as upstream
 
     @memory_margin_bytes.setter
     def memory_margin_bytes(self, value):
-        raise NotImplementedError("npu-alloc has no memory margin for resume (docs/memory-saver.md)")
+        set_memory_margin_bytes(value)
 
     def cuda_graph(self, *args, **kwargs):
         raise NotImplementedError("npu-alloc does not capture NPU graphs in a region "
@@ -692,6 +693,15 @@ def set_retain_cpu_backup(retain):
     ``cpu_backup`` to read, and the next pause copies into it instead of allocating host memory
     again. Read at each resume; turning it off frees a tag's backups at its next resume."""
     _check(_load(start=False).npu_alloc_set_retain_cpu_backup(bool(retain)))
+
+
+def set_memory_margin_bytes(margin):
+    """torch_memory_saver's ``memory_margin_bytes = margin``: a new segment of a region (an
+    allocation no cached block of its tag serves) runs out of memory unless the device keeps
+    ``margin`` bytes free beside it; 0 turns the check off. Other pools and resumes are not
+    checked, as upstream."""
+    margin = _int(margin, "memory_margin_bytes", 0, (1 << 64) - 1)
+    _check(_load(start=False).npu_alloc_set_memory_margin_bytes(margin))
 
 
 def get_retain_cpu_backup():

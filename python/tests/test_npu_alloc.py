@@ -261,8 +261,22 @@ class MemorySaver(unittest.TestCase):
         tms.hook_mode = "torch"
         with self.assertRaises(ValueError):
             tms.hook_mode = "cuda"
+        # A margin no device keeps free: a region's new segment runs out of memory.
         with self.assertRaises(NotImplementedError):
-            tms.memory_margin_bytes = 1 << 30
+            tms.memory_margin_bytes
+        tms.memory_margin_bytes = 1 << 50
+        try:
+            with tms.region("margin_tag"):
+                with self.assertRaises(npu_alloc.OutOfMemoryError):
+                    npu_alloc.malloc(64 * MIB)
+            outside = npu_alloc.malloc(64 * MIB)
+            npu_alloc.free(outside)
+        finally:
+            tms.memory_margin_bytes = 0
+        with self.assertRaises(ValueError):
+            tms.memory_margin_bytes = -1
+        with tms.region("margin_tag"):
+            npu_alloc.free(npu_alloc.malloc(64 * MIB))
         with self.assertRaises(NotImplementedError):
             tms.cuda_graph(None)
         with self.assertRaises(NotImplementedError):

@@ -65,6 +65,9 @@ pub(crate) struct Saver<P, H> {
     /// torch_memory_saver's `retain_cpu_backup`: a resume keeps each segment's host buffer,
     /// which the next pause reuses (read at each resume).
     retain_cpu_backup: bool,
+    /// torch_memory_saver's `memory_margin_bytes`: a new segment of a tag is refused (out of
+    /// memory) unless the device keeps this many bytes free beside it. 0: no check.
+    memory_margin: u64,
 }
 
 impl<P, H> Default for Saver<P, H> {
@@ -76,6 +79,7 @@ impl<P, H> Default for Saver<P, H> {
             per_tag: BTreeMap::new(),
             parked_host: Vec::new(),
             retain_cpu_backup: false,
+            memory_margin: 0,
         }
     }
 }
@@ -588,6 +592,20 @@ impl<D: Device> Allocator<D> {
         self.saver.retain_cpu_backup = retain;
     }
 
+    /// torch_memory_saver's `memory_margin_bytes`: a new segment of a memory-saver tag (a
+    /// region's allocation that no cached block serves) runs out of memory, going on along
+    /// torch's retry chain, unless the device would have `bytes` free beside it (asked with
+    /// `mem_info` before each such segment; 0, the default, asks nothing). Resumes and other
+    /// pools are not checked, as upstream.
+    pub fn set_saver_memory_margin(&mut self, bytes: u64) {
+        self.saver.memory_margin = bytes;
+    }
+
+    /// The memory saver's margin ([`Allocator::set_saver_memory_margin`]).
+    pub fn saver_memory_margin(&self) -> u64 {
+        self.saver.memory_margin
+    }
+
     /// Whether resumes keep CPU backups ([`Allocator::set_retain_cpu_backup`]).
     pub fn retain_cpu_backup(&self) -> bool {
         self.saver.retain_cpu_backup
@@ -671,6 +689,16 @@ impl<D: Device> Allocator<D> {
         stage: crate::oom_retry::Stage,
     ) -> MallocStep<D::Error, D::Stream> {
         let bytes = req.alloc_size;
+        if self.saver.memory_margin > 0 {
+            // torch_memory_saver's check: the margin and the segment within the free memory.
+            match self.device.mem_info() {
+                Ok(info) if self.saver.memory_margin.saturating_add(bytes) > info.free => {
+                    return self.after_failed_segment(req, stage, None);
+                }
+                Ok(_) => {}
+                Err(e) => return MallocStep::Done(Err(AllocError::Device(e))),
+            }
+        }
         let outcome = (|| {
             let addr = self.device.reserve_address(bytes)?;
             let page = match self.device.create_page(bytes) {

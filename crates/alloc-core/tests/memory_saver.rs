@@ -453,3 +453,47 @@ fn a_retained_backup_is_freed_with_its_segment() {
     assert_eq!(a.device().reserved_ranges().count(), 0);
     check_consistency(&a);
 }
+
+/// torch_memory_saver's `memory_margin_bytes`: a tag's new segment runs out of memory unless
+/// the device keeps the margin free beside it; cached blocks and other pools are not checked.
+#[test]
+fn a_memory_margin_refuses_a_tags_segment_that_would_leave_less_free() {
+    let mut a = cuda(100 * MIB, &AllocConf::default());
+    let weights = a.saver_pool("weights", false).unwrap();
+    a.set_saver_memory_margin(70 * MIB);
+    assert_eq!(a.saver_memory_margin(), 70 * MIB);
+    // 20 MiB and the 70 MiB margin fit in the 100 MiB free.
+    let p = a.malloc_in(20 * MIB, S0, weights).unwrap();
+    // 80 MiB free: a second 20 MiB segment would leave 60. Out of memory, through torch's retry
+    // chain (nothing cached to free), with nothing reserved or left on the device.
+    let calls = a.device().calls(DeviceCall::MemInfo);
+    assert!(matches!(
+        a.malloc_in(20 * MIB, S0, weights),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert!(a.device().calls(DeviceCall::MemInfo) > calls);
+    assert_eq!(stat(&a, "num_ooms"), 1);
+    assert_eq!(stat(&a, "reserved_bytes.all.current"), (20 * MIB) as i64);
+    assert_eq!(free_on_device(&mut a), 80 * MIB);
+    // The default pool is not checked; a cached block of the tag is served without a check.
+    let other = a.malloc(20 * MIB, S0).unwrap();
+    a.free(p).unwrap();
+    let calls = a.device().calls(DeviceCall::MemInfo);
+    assert_eq!(a.malloc_in(20 * MIB, S0, weights), Ok(p));
+    assert_eq!(a.device().calls(DeviceCall::MemInfo), calls);
+    // 0 turns the check off.
+    a.set_saver_memory_margin(0);
+    let q = a.malloc_in(20 * MIB, S0, weights).unwrap();
+    // A failed mem_info is the device's error, as upstream's CUDA_ERROR_CHECK stops there.
+    a.set_saver_memory_margin(1);
+    a.device_mut()
+        .fail_nth(DeviceCall::MemInfo, 1, Fault::Error(507_899));
+    assert!(matches!(
+        a.malloc_in(20 * MIB, S0, weights),
+        Err(AllocError::Device(_))
+    ));
+    for x in [p, q, other] {
+        a.free(x).unwrap();
+    }
+    check_consistency(&a);
+}

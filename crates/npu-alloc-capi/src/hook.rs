@@ -88,7 +88,7 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
     let mut started = STARTED.lock().unwrap_or_else(|p| p.into_inner());
     apply(rt);
     crate::observe::apply_at_start(rt);
-    crate::cpu_backup::apply_at_start(rt);
+    crate::saver_settings::apply_at_start(rt);
     *started = true;
 }
 

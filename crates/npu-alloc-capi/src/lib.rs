@@ -19,15 +19,15 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 
-mod cpu_backup;
 mod error;
 mod exports;
 mod hook;
 mod observe;
+mod saver_settings;
 mod stderr_log;
 
-pub use cpu_backup::*;
 pub use error::NpuAllocStatus;
 pub use exports::*;
 pub use hook::{NpuAllocSyncHook, npu_alloc_acl_synchronize, npu_alloc_set_synchronize_hook};
 pub use observe::*;
+pub use saver_settings::*;

@@ -143,6 +143,9 @@ pub struct Runtime<D: Device> {
     /// torch_memory_saver's `retain_cpu_backup`, given to each device's resume.
     // std's, not the loom shim's: a setting read once per resume, with no order to keep.
     pub(crate) retain_cpu_backup: core::sync::atomic::AtomicBool,
+    /// torch_memory_saver's `memory_margin_bytes`, every device's (set and read under
+    /// `settings`, so a device opening meanwhile gets it).
+    pub(crate) saver_margin: core::sync::atomic::AtomicU64,
 }
 
 impl<D> Runtime<D>
@@ -173,6 +176,7 @@ where
             open_scopes: Arc::new(AtomicU64::new(0)),
             pool_ids: std::sync::Arc::new(core::sync::atomic::AtomicU64::new(1)),
             retain_cpu_backup: core::sync::atomic::AtomicBool::new(false),
+            saver_margin: core::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -225,6 +229,12 @@ where
                 let a = DeviceAllocator::new(dev.clone(), facts, &self.config.alloc);
                 a.with(|a| a.share_pool_ids(self.pool_ids.clone()));
                 a.catch_up(&settings.1);
+                let margin = self
+                    .saver_margin
+                    .load(core::sync::atomic::Ordering::Relaxed);
+                if margin > 0 {
+                    a.with(|a| a.set_saver_memory_margin(margin));
+                }
                 if history.is_some() {
                     a.set_history(*history);
                 }

@@ -336,6 +336,21 @@ where
             .store(retain, core::sync::atomic::Ordering::Relaxed);
     }
 
+    /// torch_memory_saver's `memory_margin_bytes` on every device: a new segment of a
+    /// memory-saver tag runs out of memory unless the device keeps `bytes` free beside it
+    /// ([`alloc_core::Allocator::set_saver_memory_margin`]); 0 turns the check off.
+    pub fn set_memory_margin_bytes(&self, bytes: u64) {
+        // Under the lock a device is opened with: it gets the margin either way.
+        let _settings = self.settings.lock();
+        self.saver_margin
+            .store(bytes, core::sync::atomic::Ordering::Relaxed);
+        for entry in self.opened_all() {
+            if let Entry::Caching(a) = entry {
+                a.with(|a| a.set_saver_memory_margin(bytes));
+            }
+        }
+    }
+
     /// Whether resumes keep CPU backups ([`Runtime::set_retain_cpu_backup`]).
     pub fn retain_cpu_backup(&self) -> bool {
         self.retain_cpu_backup

@@ -397,6 +397,29 @@ fn cpu_backups_are_read_on_the_device_that_holds_them_and_kept_when_retained() {
 }
 
 #[test]
+fn the_memory_margin_reaches_every_device_also_one_opened_later() {
+    let rt = sim::runtime(2, 256 * MIB, Config::default());
+    // Device 0 is open; device 1 opens after the call.
+    rt.malloc(MIB, 0, S0).map(|p| rt.free(p)).unwrap().unwrap();
+    rt.set_memory_margin_bytes(200 * MIB);
+    for device in 0..2 {
+        let _region = rt.region(device, "kv", false).unwrap();
+        // 60 MiB (a 62 MiB segment with the pad) and the 200 MiB margin do not fit in 256.
+        assert!(
+            rt.malloc(60 * MIB, device, S0)
+                .unwrap_err()
+                .is_out_of_memory()
+        );
+        let p = rt.malloc(40 * MIB, device, S0).unwrap();
+        rt.free(p).unwrap();
+    }
+    rt.set_memory_margin_bytes(0);
+    let _region = rt.region(1, "kv", false).unwrap();
+    let p = rt.malloc(60 * MIB, 1, S0).unwrap();
+    rt.free(p).unwrap();
+}
+
+#[test]
 fn with_a_host_queue_the_hook_runs_without_the_lock_before_cached_memory_goes_back() {
     use npu_runtime::{HostQueue, SyncHook};
     // One 256 MiB device: a cached 150 MiB segment, then a 150 MiB request that only fits once

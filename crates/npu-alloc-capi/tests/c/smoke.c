@@ -231,6 +231,17 @@ int main(void) {
   char backup[3] = {0};
   bool found = true;
   CHECK(npu_alloc_copy_cpu_backup((char *)kv + 8, 3, backup, &found) == NpuAllocStatus_Ok && !found);
+  /* A margin no device keeps free: a new segment of a region runs out of memory; the default
+     pool is not checked. */
+  CHECK(npu_alloc_set_memory_margin_bytes((uint64_t)1 << 50) == NpuAllocStatus_Ok);
+  CHECK(npu_alloc_region_begin(0, "kv", true) == NpuAllocStatus_Ok);
+  void *refused = NULL;
+  CHECK(npu_alloc_malloc_checked(64 << 20, 0, NULL, &refused) == NpuAllocStatus_OutOfMemory);
+  CHECK(npu_alloc_region_end(0) == NpuAllocStatus_Ok);
+  void *unchecked = NULL;
+  CHECK(npu_alloc_malloc_checked(64 << 20, 0, NULL, &unchecked) == NpuAllocStatus_Ok);
+  npu_alloc_free(unchecked, 64 << 20, 0, NULL);
+  CHECK(npu_alloc_set_memory_margin_bytes(0) == NpuAllocStatus_Ok);
   npu_alloc_set_synchronize_hook(hook);
   CHECK(npu_alloc_pause("kv") == NpuAllocStatus_Ok);
   CHECK(npu_alloc_copy_cpu_backup((char *)kv + 8, 3, backup, &found) == NpuAllocStatus_Ok && found);

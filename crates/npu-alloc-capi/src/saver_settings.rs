@@ -1,8 +1,9 @@
-//! The memory saver's CPU backups, as torch_memory_saver offers them: `retain_cpu_backup` and
-//! `get_cpu_backup` (a copy, or with `zero_copy` the host memory itself).
+//! The memory saver's settings and CPU backups, as torch_memory_saver offers them:
+//! `retain_cpu_backup`, `memory_margin_bytes` and `get_cpu_backup` (a copy, or with `zero_copy`
+//! the host memory itself).
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use acl_sys::HostMem;
 
@@ -12,10 +13,31 @@ use crate::hook::before_start;
 
 /// The retention setting, given to the runtime at its start.
 static RETAIN: AtomicBool = AtomicBool::new(false);
+/// The margin, given to the runtime at its start.
+static MARGIN: AtomicU64 = AtomicU64::new(0);
 
-/// Gives a starting runtime the retention setting.
+/// Gives a starting runtime the settings.
 pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
     rt.set_retain_cpu_backup(RETAIN.load(Ordering::Relaxed));
+    rt.set_memory_margin_bytes(MARGIN.load(Ordering::Relaxed));
+}
+
+/// torch_memory_saver's `memory_margin_bytes = bytes`: a new segment of a memory-saver region
+/// (an allocation no cached block of its tag serves) runs out of memory, through the retry
+/// chain, unless the device would keep `bytes` free beside it (asked with `aclrtGetMemInfo`
+/// before each such segment). 0, the default, turns the check off. Other pools and resumes are
+/// not checked, as upstream. Does not start the library.
+#[unsafe(no_mangle)]
+pub extern "C" fn npu_alloc_set_memory_margin_bytes(bytes: u64) -> NpuAllocStatus {
+    status(|| {
+        before_start(|rt| {
+            MARGIN.store(bytes, Ordering::Relaxed);
+            if let Some(rt) = rt {
+                rt.set_memory_margin_bytes(bytes);
+            }
+        });
+        Ok(())
+    })
 }
 
 /// torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
