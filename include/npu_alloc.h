@@ -477,7 +477,9 @@ enum NpuAllocStatus npu_alloc_set_memory_margin_bytes(uint64_t bytes);
  * [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
  * allocating host memory again (so, for those segments, it cannot run out of host memory).
  * Read at each resume: turning it off frees nothing at once; the next resume of a tag frees
- * its backups. Does not start the library.
+ * its backups. Until it is called, `TMS_RETAIN_CPU_BACKUP` decides, as upstream (`1`, `true`,
+ * `TRUE`, `yes`, `YES`; another word than those and their five negatives is a warning, and
+ * false). Does not start the library.
  */
 enum NpuAllocStatus npu_alloc_set_retain_cpu_backup(bool retain);
 

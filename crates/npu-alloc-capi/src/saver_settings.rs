@@ -3,6 +3,7 @@
 //! the host memory itself).
 
 use std::ffi::c_void;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use acl_sys::HostMem;
@@ -11,14 +12,41 @@ use crate::error::{Fail, NpuAllocStatus, status};
 use crate::exports::{runtime, write_out};
 use crate::hook::before_start;
 
-/// The retention setting, given to the runtime at its start.
-static RETAIN: AtomicBool = AtomicBool::new(false);
+/// The retention setting, given to the runtime at its start: `TMS_RETAIN_CPU_BACKUP`, as
+/// torch_memory_saver reads it when it starts, until a setter changes it.
+fn retain_setting() -> &'static AtomicBool {
+    static RETAIN: OnceLock<AtomicBool> = OnceLock::new();
+    RETAIN.get_or_init(|| {
+        let value = std::env::var_os(RETAIN_ENV);
+        let value = value.as_ref().map(|v| v.to_str().unwrap_or("(not UTF-8)"));
+        AtomicBool::new(bool_env(value).unwrap_or_else(|text| {
+            crate::exports::warn(format_args!(
+                "{RETAIN_ENV}={text} is not a boolean (1, true, TRUE, yes, YES or 0, false, \
+                 FALSE, no, NO): CPU backups are not retained"
+            ));
+            false
+        }))
+    })
+}
+
+/// torch_memory_saver's variable for [`retain_setting`].
+const RETAIN_ENV: &str = "TMS_RETAIN_CPU_BACKUP";
+
+/// torch_memory_saver's `get_bool_env_var`: unset is false; another word than its ten is an
+/// error (upstream ends the process).
+fn bool_env(value: Option<&str>) -> Result<bool, &str> {
+    match value {
+        None | Some("0" | "false" | "FALSE" | "no" | "NO") => Ok(false),
+        Some("1" | "true" | "TRUE" | "yes" | "YES") => Ok(true),
+        Some(other) => Err(other),
+    }
+}
 /// The margin, given to the runtime at its start.
 static MARGIN: AtomicU64 = AtomicU64::new(0);
 
 /// Gives a starting runtime the settings.
 pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
-    rt.set_retain_cpu_backup(RETAIN.load(Ordering::Relaxed));
+    rt.set_retain_cpu_backup(retain_setting().load(Ordering::Relaxed));
     rt.set_memory_margin_bytes(MARGIN.load(Ordering::Relaxed));
 }
 
@@ -45,12 +73,14 @@ pub extern "C" fn npu_alloc_set_memory_margin_bytes(bytes: u64) -> NpuAllocStatu
 /// [`npu_alloc_copy_cpu_backup`] to read, and the next pause copies into it instead of
 /// allocating host memory again (so, for those segments, it cannot run out of host memory).
 /// Read at each resume: turning it off frees nothing at once; the next resume of a tag frees
-/// its backups. Does not start the library.
+/// its backups. Until it is called, `TMS_RETAIN_CPU_BACKUP` decides, as upstream (`1`, `true`,
+/// `TRUE`, `yes`, `YES`; another word than those and their five negatives is a warning, and
+/// false). Does not start the library.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_retain_cpu_backup(retain: bool) -> NpuAllocStatus {
     status(|| {
         before_start(|rt| {
-            RETAIN.store(retain, Ordering::Relaxed);
+            retain_setting().store(retain, Ordering::Relaxed);
             if let Some(rt) = rt {
                 rt.set_retain_cpu_backup(retain);
             }
@@ -70,7 +100,7 @@ pub unsafe extern "C" fn npu_alloc_get_retain_cpu_backup(retain: *mut bool) -> N
         // SAFETY: `retain` is null or writable by the caller's contract.
         unsafe {
             write_out(retain, "get_retain_cpu_backup: null pointer", || {
-                Ok(RETAIN.load(Ordering::Relaxed))
+                Ok(retain_setting().load(Ordering::Relaxed))
             })
         }
     })
@@ -160,4 +190,29 @@ pub unsafe extern "C" fn npu_alloc_cpu_backup_pointer(
             })
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bool_env;
+
+    #[test]
+    fn tms_retain_cpu_backup_reads_torch_memory_saver_words() {
+        for word in ["1", "true", "TRUE", "yes", "YES"] {
+            assert_eq!(bool_env(Some(word)), Ok(true));
+        }
+        for word in [
+            None,
+            Some("0"),
+            Some("false"),
+            Some("FALSE"),
+            Some("no"),
+            Some("NO"),
+        ] {
+            assert_eq!(bool_env(word), Ok(false));
+        }
+        for word in ["True", "on", "", " 1"] {
+            assert_eq!(bool_env(Some(word)), Err(word));
+        }
+    }
 }
