@@ -82,6 +82,23 @@ pub(crate) fn before_start<T>(
     set(if *started { started_runtime() } else { None })
 }
 
+/// An export's setting that does not start the library: `keep` stores it for the start, and
+/// `apply` gives it to the runtime if it has started ([`before_start`]).
+pub(crate) fn set_setting(
+    keep: impl FnOnce(),
+    apply: impl FnOnce(&'static npu_runtime::NpuAllocator),
+) -> NpuAllocStatus {
+    status(|| {
+        before_start(|rt| {
+            keep();
+            if let Some(rt) = rt {
+                apply(rt);
+            }
+        });
+        Ok(())
+    })
+}
+
 /// Gives a runtime that is starting the hooks, the observers and the settings in force, and
 /// marks the start.
 pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {

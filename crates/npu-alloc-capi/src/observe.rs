@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use crate::error::{Fail, NpuAllocStatus, status};
 use crate::exports::write_out;
-use crate::hook::before_start;
+use crate::hook::{before_start, set_setting};
 
 /// An out-of-memory observer, torch's `OutOfMemoryObserver`: the device, the segment size the
 /// allocator tried to get, the memory it may use (the fraction's limit, else the device's
@@ -82,15 +82,10 @@ pub extern "C" fn npu_alloc_record_memory_history(
     enabled: bool,
     max_entries: usize,
 ) -> NpuAllocStatus {
-    status(|| {
-        before_start(|rt| {
-            *HISTORY.lock().unwrap_or_else(|p| p.into_inner()) = enabled.then_some(max_entries);
-            if let Some(rt) = rt {
-                rt.record_memory_history(enabled, max_entries);
-            }
-        });
-        Ok(())
-    })
+    set_setting(
+        || *HISTORY.lock().unwrap_or_else(|p| p.into_inner()) = enabled.then_some(max_entries),
+        |rt| rt.record_memory_history(enabled, max_entries),
+    )
 }
 
 /// torch_npu's `_npu_isHistoryEnabled()` into `*enabled`: whether

@@ -10,7 +10,7 @@ use acl_sys::HostMem;
 
 use crate::error::{Fail, NpuAllocStatus, status};
 use crate::exports::{runtime, write_out};
-use crate::hook::before_start;
+use crate::hook::set_setting;
 
 /// The retention setting, given to the runtime at its start: `TMS_RETAIN_CPU_BACKUP`, as
 /// torch_memory_saver reads it when it starts, until a setter changes it.
@@ -57,15 +57,10 @@ pub(crate) fn apply_at_start(rt: &npu_runtime::NpuAllocator) {
 /// not checked, as upstream. Does not start the library.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_memory_margin_bytes(bytes: u64) -> NpuAllocStatus {
-    status(|| {
-        before_start(|rt| {
-            MARGIN.store(bytes, Ordering::Relaxed);
-            if let Some(rt) = rt {
-                rt.set_memory_margin_bytes(bytes);
-            }
-        });
-        Ok(())
-    })
+    set_setting(
+        || MARGIN.store(bytes, Ordering::Relaxed),
+        |rt| rt.set_memory_margin_bytes(bytes),
+    )
 }
 
 /// torch_memory_saver's `retain_cpu_backup = retain`: with it, a resume keeps each segment's
@@ -78,15 +73,10 @@ pub extern "C" fn npu_alloc_set_memory_margin_bytes(bytes: u64) -> NpuAllocStatu
 /// false). Does not start the library.
 #[unsafe(no_mangle)]
 pub extern "C" fn npu_alloc_set_retain_cpu_backup(retain: bool) -> NpuAllocStatus {
-    status(|| {
-        before_start(|rt| {
-            retain_setting().store(retain, Ordering::Relaxed);
-            if let Some(rt) = rt {
-                rt.set_retain_cpu_backup(retain);
-            }
-        });
-        Ok(())
-    })
+    set_setting(
+        || retain_setting().store(retain, Ordering::Relaxed),
+        |rt| rt.set_retain_cpu_backup(retain),
+    )
 }
 
 /// Whether resumes keep CPU backups ([`npu_alloc_set_retain_cpu_backup`]) into `*retain`.
