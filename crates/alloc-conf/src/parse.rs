@@ -72,22 +72,21 @@ pub const RUN_TIME_KEYS: [Key; 6] = [
     Key::PerProcessMemoryFraction,
 ];
 
-/// What torch_npu's run-time parse puts back to the default before it reads the string.
-const RESET_AT_RUN_TIME: [Key; 3] = [
-    Key::MaxSplitSizeMb,
-    Key::RoundupPower2Divisions,
-    Key::GarbageCollectionThreshold,
-];
+/// Keys torch_npu's `_set_allocator_settings` takes that npu-alloc does not support: they pass
+/// its first check (and warn as unsupported here), where every other key refuses the string.
+const RUN_TIME_UNSUPPORTED: [&str; 2] =
+    ["pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"];
 
 /// Parses a string given at run time (torch's `torch.npu.memory._set_allocator_settings`) on top
 /// of the configuration in force, `current`. As in torch_npu, which runs the same c10 parser
 /// again, `max_split_size_mb`, `roundup_power2_divisions` and `garbage_collection_threshold`
 /// first go back to their defaults whether or not the string names them, and
-/// `max_non_split_rounding_mb` to the large segment size; keys other than
-/// [`RUN_TIME_KEYS`] get a [`WarningKind::NotAtRunTime`] warning and keep their value; the
-/// checks between keys run as in [`parse`] (so `max_split_size_mb` here turns expandable
-/// segments off, with a warning). The empty string changes nothing: torch_npu's parser returns
-/// before it resets anything.
+/// `max_non_split_rounding_mb` to the large segment size; the checks between keys run as in
+/// [`parse`] (so `max_split_size_mb` here turns expandable segments off, with a warning). A
+/// string naming a key other than [`RUN_TIME_KEYS`] (known or not) changes nothing, with a
+/// [`WarningKind::NotAtRunTime`] warning for each such key: torch_npu checks every key first
+/// and raises before it resets or applies any. The empty string changes nothing either:
+/// torch_npu's parser returns before it resets anything.
 ///
 /// ```
 /// use alloc_conf::{parse, parse_settings};
@@ -107,7 +106,14 @@ pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
             given: [false; KEY_COUNT],
         };
     }
-    // The fields of RESET_AT_RUN_TIME.
+    if let Some(warnings) = refused_at_run_time(s) {
+        return Parsed {
+            conf: current.clone(),
+            warnings,
+            given: [false; KEY_COUNT],
+        };
+    }
+    // What torch_npu's run-time parse puts back to the default before it reads the string.
     let defaults = AllocConf::default();
     let mut st = State {
         conf: AllocConf {
@@ -122,29 +128,7 @@ pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
     // segment size at every parse before it reads the keys, so a run-time call that does not
     // name it resets it (the checks between keys apply that default).
     for item in lex::items(s) {
-        let key = match item {
-            Item::Pair { key, .. } => Key::from_name(key),
-            Item::Bare(_) => None,
-        };
-        match key {
-            Some(k) if !RUN_TIME_KEYS.contains(&k) => {
-                st.note_seen(k.name());
-                let what = if RESET_AT_RUN_TIME.contains(&k) {
-                    "every run-time call resets it to its default, as torch_npu does"
-                } else {
-                    "the value in force is kept"
-                };
-                st.warn(
-                    WarningKind::NotAtRunTime,
-                    k.name(),
-                    format!(
-                        "{} cannot be changed once the allocator runs; {what}",
-                        k.name()
-                    ),
-                );
-            }
-            _ => st.item(item),
-        }
+        st.item(item);
     }
     constraints::check(&mut st);
     Parsed {
@@ -152,6 +136,32 @@ pub fn parse_settings(current: &AllocConf, s: &str) -> Parsed {
         warnings: st.warnings,
         given: st.given,
     }
+}
+
+/// A warning for each key of `s` that torch_npu's `_set_allocator_settings` refuses (its first
+/// loop raises for them, before anything is reset or applied); `None` when it takes them all.
+fn refused_at_run_time(s: &str) -> Option<Vec<Warning>> {
+    let mut st = State::default();
+    for item in lex::items(s) {
+        let Item::Pair { key, .. } = item else {
+            continue;
+        };
+        let taken = match Key::from_name(key) {
+            Some(k) => RUN_TIME_KEYS.contains(&k),
+            None => RUN_TIME_UNSUPPORTED.contains(&key),
+        };
+        if !taken {
+            st.warn(
+                WarningKind::NotAtRunTime,
+                key,
+                format!(
+                    "torch_npu's _set_allocator_settings does not take {key}; the whole string \
+                     is ignored, as torch_npu raises before it applies any key"
+                ),
+            );
+        }
+    }
+    (!st.warnings.is_empty()).then_some(st.warnings)
 }
 
 /// Parses in strict mode: [`parse`] followed by [`Parsed::strict`].

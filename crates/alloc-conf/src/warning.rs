@@ -29,7 +29,8 @@ pub enum WarningKind {
     Ineffective,
     /// An environment variable whose value is not UTF-8; its lossy text is parsed.
     NotUtf8,
-    /// A key that cannot change once the allocator runs (in [`crate::parse_settings`]); ignored.
+    /// A key torch_npu's `_set_allocator_settings` does not take (in [`crate::parse_settings`]):
+    /// the whole string is ignored, as torch_npu raises before it applies any key.
     NotAtRunTime,
 }
 

@@ -150,13 +150,18 @@ fn set_allocator_settings_switches_expandable_segments_on_every_device() {
     let c = rt.malloc(8 * MIB, 1, S0).unwrap();
     assert_eq!(rt.device_stats(1).unwrap().segment.all.current, 1);
 
-    // Keys fixed at start are refused with a warning; the rest applies.
+    // A key fixed at start refuses the whole string, as torch_npu raises before applying any.
     let warnings = rt.set_allocator_settings("expandable_segments:True,page_size:1g");
     assert_eq!(warnings.len(), 1);
     assert_eq!(warnings[0].kind, alloc_conf::WarningKind::NotAtRunTime);
-    assert!(rt.allocator_settings(0).unwrap().expandable_segments);
-    assert!(rt.allocator_settings(1).unwrap().expandable_segments);
+    assert!(!rt.allocator_settings(0).unwrap().expandable_segments);
+    assert!(!rt.allocator_settings(1).unwrap().expandable_segments);
     assert_eq!(rt.allocator_settings(1).unwrap().page_size, None);
+    assert!(
+        rt.set_allocator_settings("expandable_segments:True")
+            .is_empty()
+    );
+    assert!(rt.allocator_settings(1).unwrap().expandable_segments);
 
     for p in [a, b, c] {
         rt.free(p).unwrap();

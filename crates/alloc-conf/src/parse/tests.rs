@@ -1002,7 +1002,7 @@ fn run_time_settings_reset_what_torch_npu_resets_and_refuse_fixed_keys() {
          max_non_split_rounding_mb:64,segment_size_mb:128",
     )
     .conf;
-    let p = parse_settings(&start, "expandable_segments:False,large_segment_size_mb:64");
+    let p = parse_settings(&start, "expandable_segments:False");
     assert!(!p.conf.expandable_segments);
     assert_eq!(p.conf.roundup_power2_divisions, [0; crate::ROUNDUP_BUCKETS]);
     assert_eq!(p.conf.per_process_memory_fraction, 0.5);
@@ -1012,9 +1012,43 @@ fn run_time_settings_reset_what_torch_npu_resets_and_refuse_fixed_keys() {
     assert_eq!(kept.conf.max_non_split_rounding, 64 * MIB);
     assert_eq!(p.conf.segment_size, 128 * MIB);
     assert_eq!(p.conf.large_segment_size, 20 * MIB);
-    assert_eq!(p.warnings.len(), 1);
-    assert_eq!(p.warnings[0].kind, WarningKind::NotAtRunTime);
-    assert_eq!(p.warnings[0].key, "large_segment_size_mb");
+    assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+
+    // A key _set_allocator_settings does not take, known or not, refuses the whole string
+    // (torch_npu raises before it resets or applies anything): nothing changes, nothing resets.
+    for refused in [
+        "expandable_segments:False,large_segment_size_mb:64",
+        "roundup_power2_divisions:8,expandable_segments:False",
+        "expandable_segments:False,garbage_collection_threshold:0.5,foo:1",
+    ] {
+        let p = parse_settings(&start, refused);
+        assert_eq!(p.conf, start, "{refused}");
+        assert!(
+            p.warnings
+                .iter()
+                .all(|w| w.kind == WarningKind::NotAtRunTime),
+            "{:?}",
+            p.warnings
+        );
+    }
+    let p = parse_settings(
+        &start,
+        "expandable_segments:False,garbage_collection_threshold:0.5,foo:1",
+    );
+    let keys: Vec<&str> = p.warnings.iter().map(|w| w.key.as_str()).collect();
+    assert_eq!(keys, ["garbage_collection_threshold", "foo"]);
+    assert_eq!(
+        p.warnings[1].message,
+        "torch_npu's _set_allocator_settings does not take foo; the whole string is ignored, as \
+         torch_npu raises before it applies any key"
+    );
+    // The two pinned keys it takes are unsupported here: a warning, and the rest applies.
+    let p = parse_settings(
+        &start,
+        "expandable_segments:False,pinned_max_cached_size_mb:64",
+    );
+    assert!(!p.conf.expandable_segments);
+    assert_eq!(p.warnings[0].kind, WarningKind::UnsupportedKey);
 
     // A split cap given at run time turns expandable segments off, as at start.
     let p = parse_settings(&start, "max_split_size_mb:64");
