@@ -533,11 +533,8 @@ impl<D: Device> Allocator<D> {
             }
             segments += i64::from(whole && self.is_oversize(size));
         }
-        let s = &mut self.stats;
-        s.oversize_allocations
-            .apply(allocations - s.oversize_allocations.current());
-        s.oversize_segments
-            .apply(segments - s.oversize_segments.current());
+        self.stats.oversize_allocations.recount(allocations);
+        self.stats.oversize_segments.recount(segments);
     }
 
     /// Whether a block of `size` bytes is oversize (≥ `max_split_size`).

@@ -132,12 +132,13 @@ impl Counter {
         self.level.fall(signed(n));
     }
 
-    /// A signed net change as one increase or one decrease, as torch applies it; without
-    /// branches on its sign (the sign of a merge's net change is data-dependent).
-    #[inline(always)]
-    pub(crate) fn apply(&mut self, delta: i64) {
-        self.add_total(delta.max(0) as u64);
+    /// Sets the value to `value` without counting an increase or a decrease: the totals of
+    /// both stay, and the peak follows a value above it (a recount, not a change).
+    pub(crate) fn recount(&mut self, value: i64) {
+        let delta = value.wrapping_sub(self.current());
         self.level.rise(delta);
+        // freed = base + added − current: moving the base with the value keeps it.
+        self.base = self.base.wrapping_add(delta);
     }
 
     /// Adds `n` to the total of increases.

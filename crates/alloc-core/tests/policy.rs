@@ -149,6 +149,27 @@ fn blocks_are_reused_only_on_their_own_stream() {
     check_consistency(&a);
 }
 
+/// A run-time `max_split_size_mb` recounts the current oversize counts (a deviation: torch
+/// keeps the old limit's counts, which drift); the recount is no allocation or free, so the
+/// totals stay and only a peak below the new count follows it.
+#[test]
+fn a_recount_of_the_oversize_stats_moves_no_total() {
+    let mut a = cuda(GIB, &conf("max_split_size_mb:64"));
+    let x = a.malloc(40 * MIB, S0).unwrap();
+    let oversize = |a: &alloc_core::Allocator<alloc_sim::TestDevice>, key: &str| {
+        ["current", "peak", "allocated", "freed"].map(|f| stat(a, &format!("oversize_{key}.{f}")))
+    };
+    assert_eq!(oversize(&a, "allocations"), [0, 0, 0, 0]);
+    a.set_conf(&conf("max_split_size_mb:32"));
+    assert_eq!(oversize(&a, "allocations"), [1, 1, 0, 0]);
+    assert_eq!(oversize(&a, "segments"), [1, 1, 0, 0]);
+    a.free(x).unwrap();
+    a.set_conf(&conf("max_split_size_mb:64"));
+    assert_eq!(oversize(&a, "allocations"), [0, 1, 0, 1]);
+    assert_eq!(oversize(&a, "segments"), [0, 1, 0, 0]);
+    check_consistency(&a);
+}
+
 #[test]
 fn oversize_rules_with_max_split_size() {
     let mut a = cuda(GIB, &conf("max_split_size_mb:40"));
