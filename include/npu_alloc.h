@@ -273,9 +273,10 @@ enum NpuAllocStatus npu_alloc_set_per_process_memory_fraction(double fraction, i
 enum NpuAllocStatus npu_alloc_get_per_process_memory_fraction(int device, double *fraction);
 
 /**
- * `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
- * string (an unknown key, a bad value: the rest of the string still applies) is written to
- * stderr.
+ * `torch.npu.memory._set_allocator_settings(settings)` on every device. A key torch_npu does
+ * not take there (known or not) refuses the whole string, as torch_npu raises: `Refused`, and
+ * nothing changes. Each other warning about the string (a bad value, an unsupported key: the
+ * rest of the string still applies) is written to stderr.
  *
  * # Safety
  * `settings` is a NUL-terminated string.

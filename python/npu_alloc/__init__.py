@@ -35,7 +35,8 @@ __all__ = [
     "use_mem_pool",
     "region", "pause", "resume", "disable", "memory_saver", "memory_saver_stats",
     "set_synchronize_hook", "set_drain_hook", "install", "TorchMemorySaver",
-    "alias_torch_memory_saver",
+    "alias_torch_memory_saver", "cpu_backup", "set_retain_cpu_backup", "get_retain_cpu_backup",
+    "set_memory_margin_bytes",
 ]
 
 # Status codes of include/npu_alloc.h (NpuAllocStatus).
@@ -381,8 +382,20 @@ def get_per_process_memory_fraction(device=None):
 
 
 def set_allocator_settings(settings):
-    """``torch.npu.memory._set_allocator_settings(settings)``."""
+    """``torch.npu.memory._set_allocator_settings(settings)``. A key torch_npu does not take
+    there raises NpuAllocError and changes nothing, as torch_npu raises; a bad value only warns
+    (on stderr) and the rest applies."""
     _check(_load().npu_alloc_set_allocator_settings(_text(settings, "settings")))
+
+
+def _set_allocator_settings_as_torch_npu(settings):
+    """torch_npu's binding: a refused string raises ValueError, as its TORCH_CHECK_VALUE."""
+    try:
+        set_allocator_settings(settings)
+    except NpuAllocError as e:
+        if e.status == _REFUSED:
+            raise ValueError(str(e)) from None
+        raise
 
 
 def record_memory_history(enabled=True, max_entries=100000):
@@ -930,6 +943,7 @@ def install():
     c._npu_getMemoryFraction = get_per_process_memory_fraction
     c._npu_emptyVirtAddrCache = empty_virt_addr_cache
     c._npu_attach_out_of_memory_observer = attach_out_of_memory_observer
+    c._npu_npuCachingAllocator_set_allocator_settings = _set_allocator_settings_as_torch_npu
     _oom_snapshots()
     graphs = getattr(torch_npu.npu, "graphs", None)
     if graphs is not None and hasattr(graphs, "NPUGraph"):

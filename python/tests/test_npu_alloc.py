@@ -890,6 +890,14 @@ class Install(unittest.TestCase):
         npu_alloc.set_per_process_memory_fraction(1.0, 0)
         with self.assertRaisesRegex(npu_alloc.NpuAllocError, "expandable_segments"):
             c._npu_emptyVirtAddrCache()
+        # torch_npu's _set_allocator_settings: a key it does not take there raises ValueError,
+        # as torch_npu's TORCH_CHECK_VALUE, and nothing applies.
+        with self.assertRaisesRegex(ValueError, "does not take page_size"):
+            c._npu_npuCachingAllocator_set_allocator_settings("max_split_size_mb:64,page_size:1g")
+        c._npu_npuCachingAllocator_set_allocator_settings("max_split_size_mb:64")
+        self.assertEqual(npu_alloc.memory_stats(0)["max_split_size"], -1)  # the start's, as torch_npu
+        # Every run-time call resets max_split_size_mb: this one puts the defaults back.
+        c._npu_npuCachingAllocator_set_allocator_settings("max_non_split_rounding_mb:20")
 
         # Graph capture would hand the capture's memory to other tensors: refused.
         with self.assertRaisesRegex(npu_alloc.NpuAllocError, "NPU graph capture"):

@@ -577,9 +577,10 @@ pub unsafe extern "C" fn npu_alloc_get_per_process_memory_fraction(
     })
 }
 
-/// `torch.npu.memory._set_allocator_settings(settings)` on every device. Each warning about the
-/// string (an unknown key, a bad value: the rest of the string still applies) is written to
-/// stderr.
+/// `torch.npu.memory._set_allocator_settings(settings)` on every device. A key torch_npu does
+/// not take there (known or not) refuses the whole string, as torch_npu raises: `Refused`, and
+/// nothing changes. Each other warning about the string (a bad value, an unsupported key: the
+/// rest of the string still applies) is written to stderr.
 ///
 /// # Safety
 /// `settings` is a NUL-terminated string.
@@ -592,8 +593,17 @@ pub unsafe extern "C" fn npu_alloc_set_allocator_settings(
         let s = unsafe { text(settings, "settings") }?;
         // Each warning reaches stderr through the runtime's log (once per text, as torch's
         // TORCH_WARN_ONCE).
-        runtime()?.set_allocator_settings(s);
-        Ok(())
+        let warnings = runtime()?.set_allocator_settings(s);
+        match warnings
+            .iter()
+            .find(|w| w.kind == alloc_conf::WarningKind::NotAtRunTime)
+        {
+            Some(refused) => Err(Fail::new(
+                NpuAllocStatus::Refused,
+                format_args!("set_allocator_settings: {}", refused.message),
+            )),
+            None => Ok(()),
+        }
     })
 }
 

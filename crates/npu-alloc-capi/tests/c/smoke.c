@@ -188,8 +188,13 @@ int main(void) {
   CHECK(npu_alloc_free_checked(c) == NpuAllocStatus_Ok);
 
   CHECK(npu_alloc_set_allocator_settings("max_split_size_mb:64") == NpuAllocStatus_Ok);
-  /* Applied, with a warning on stderr for the key it does not know. */
-  CHECK(npu_alloc_set_allocator_settings("bogus_key:7,max_split_size_mb:64") == NpuAllocStatus_Ok);
+  /* A key torch_npu's _set_allocator_settings does not take refuses the whole string, as it
+     raises there; a bad value only warns on stderr, and the rest applies. */
+  CHECK(npu_alloc_set_allocator_settings("bogus_key:7,max_split_size_mb:64") == NpuAllocStatus_Refused);
+  char refusal[256];
+  npu_alloc_last_error(refusal, sizeof refusal);
+  CHECK(strstr(refusal, "does not take bogus_key") != NULL);
+  CHECK(npu_alloc_set_allocator_settings("max_split_size_mb:x,max_split_size_mb:64") == NpuAllocStatus_Ok);
   CHECK(npu_alloc_set_allocator_settings(NULL) == NpuAllocStatus_InvalidArgument);
   history = false;
   CHECK(npu_alloc_is_history_enabled(&history) == NpuAllocStatus_Ok);
