@@ -257,7 +257,9 @@ where
     /// on every device (read on top of each device's configuration, and of the runtime's for
     /// devices opened later). As in torch_npu, `max_split_size_mb`, `roundup_power2_divisions`
     /// and `garbage_collection_threshold` go back to their defaults unless the string sets them
-    /// (`alloc_conf::parse_settings`). Later allocations follow the new settings; blocks of
+    /// (`alloc_conf::parse_settings`); a string naming any other key changes nothing, with a
+    /// `not_at_run_time` warning, as torch_npu raises before it applies any key. Later
+    /// allocations follow the new settings; blocks of
     /// expandable segments stay, and best fit passes over them while expandable segments are
     /// off. Turning them on probes each device again; a device without virtual memory logs a
     /// warning once and stays without. Returns the warnings about the string (also logged once).
