@@ -547,9 +547,9 @@ class _MemorySaver:
     behave as upstream's (on the current device). ``hook_mode`` accepts upstream's values and
     changes nothing: npu-alloc is the allocator, there is nothing to hook. What npu-alloc does
     not offer (``cuda_graph``, ``enable_disk_backup``) raises ``NotImplementedError`` rather
-    than
-    doing something else silently; ``configure_subprocess`` has nothing to configure. As upstream, pausing or
-    resuming a tag no region was entered for does nothing (``npu_alloc.pause`` refuses it)."""
+    than doing something else silently; ``configure_subprocess`` has nothing to configure. As
+    upstream, pausing or resuming a tag no region was entered for does nothing
+    (``npu_alloc.pause`` refuses it)."""
 
     enabled = True
 
@@ -704,7 +704,8 @@ def set_retain_cpu_backup(retain):
     """torch_memory_saver's ``retain_cpu_backup = retain``: with it, a resume keeps each
     segment's CPU backup (its bytes at the pause, not updated while the memory is in use) for
     ``cpu_backup`` to read, and the next pause copies into it instead of allocating host memory
-    again. Read at each resume; turning it off frees a tag's backups at its next resume."""
+    again. Read at each resume; turning it off frees a tag's backups at its next resume. Until
+    it is called, ``TMS_RETAIN_CPU_BACKUP`` decides, as upstream."""
     _check(_load(start=False).npu_alloc_set_retain_cpu_backup(bool(retain)))
 
 
