@@ -83,9 +83,10 @@ const RUN_TIME_UNSUPPORTED: [&str; 2] =
 /// first go back to their defaults whether or not the string names them, and
 /// `max_non_split_rounding_mb` to the large segment size; the checks between keys run as in
 /// [`parse`] (so `max_split_size_mb` here turns expandable segments off, with a warning). A
-/// string naming a key other than [`RUN_TIME_KEYS`] (known or not) changes nothing, with a
-/// [`WarningKind::NotAtRunTime`] warning for each such key: torch_npu checks every key first
-/// and raises before it resets or applies any. The empty string changes nothing either:
+/// string naming a key (with a value) other than [`RUN_TIME_KEYS`], known or not, changes
+/// nothing, with a [`WarningKind::NotAtRunTime`] warning for each such key: torch_npu checks
+/// every key first and raises before it resets or applies any. The exceptions are torch_npu's
+/// two pinned run-time keys, unsupported here: they warn as in [`parse`] and the rest applies. The empty string changes nothing either:
 /// torch_npu's parser returns before it resets anything.
 ///
 /// ```

@@ -7,8 +7,9 @@
 //! subtraction and a sign test, with no compare against a stored peak); a decrease adds to it.
 //! The rest is derived when [`Counters::report`] builds the [`DeviceStats`]:
 //! - current = peak − headroom;
-//! - freed = (current at the last accumulated reset) + allocated − current, since every change
-//!   since that reset is an increase or a decrease;
+//! - freed = base + allocated − current, with base the value at the last accumulated reset
+//!   (moved by each recount, which is neither an increase nor a decrease), since every other
+//!   change since that reset is an increase or a decrease;
 //! - "all" allocated and freed are the sums of the pools';
 //! - "all" keeps a peak and headroom of its own (a peak of a sum is not the sum of peaks),
 //!   which every change moves with the pool's (see [`PoolCounters`]).
@@ -113,7 +114,7 @@ pub(crate) struct Counter {
     /// ... and how many times it wrapped: with `added`, a 128-bit sum no run can fill, kept
     /// as two words so that an increase is one add and a branch not taken.
     wraps: u64,
-    /// The value at the accumulated reset.
+    /// The value at the accumulated reset, moved by each [`Counter::recount`].
     base: i64,
 }
 

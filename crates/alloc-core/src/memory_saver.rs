@@ -37,7 +37,8 @@ use crate::oom_retry::MallocStep;
 use crate::private_pool::{PoolError, PoolId, PoolSet, SaverTag};
 use crate::stats::Stat;
 
-/// One memory-saver segment: its physical page while mapped, its CPU backup while paused.
+/// One memory-saver segment: its physical page while mapped, its CPU backup while paused (and
+/// after a resume that retained it or an undo that failed).
 #[derive(Debug)]
 pub(crate) struct SaverSegment<P, H> {
     size: u64,
@@ -748,7 +749,7 @@ impl<D: Device> Allocator<D> {
     }
 
     /// Releases a whole free memory-saver segment: unmaps and frees its memory (if mapped), its
-    /// backup (if paused) and its range. `Ok(false)` when the device refused the unmap in a way
+    /// backup (if it has one) and its range. `Ok(false)` when the device refused the unmap in a way
     /// with no error to report (the segment stays).
     pub(crate) fn release_saver_segment(&mut self, addr: u64, size: u64) -> Result<bool, D::Error> {
         let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");

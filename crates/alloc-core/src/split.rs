@@ -146,7 +146,7 @@ impl<D: Device> Allocator<D> {
     /// torch_npu's `base_addr_aligned_kb`: a large request found at an address that is not a
     /// multiple of the alignment starts at the next multiple instead, if it still fits; the bytes
     /// skipped stay behind as a free block (not merged with a free block before it, its GC age
-    /// kept). Returns the block to allocate from.
+    /// starting again). Returns the block to allocate from.
     #[cold]
     #[inline(never)]
     fn align_base(&mut self, id: BlockId, size: u64) -> BlockId {

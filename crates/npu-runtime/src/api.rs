@@ -257,7 +257,8 @@ where
     /// on every device (read on top of each device's configuration, and of the runtime's for
     /// devices opened later). As in torch_npu, `max_split_size_mb`, `roundup_power2_divisions`
     /// and `garbage_collection_threshold` go back to their defaults unless the string sets them
-    /// (`alloc_conf::parse_settings`); a string naming any other key changes nothing, with a
+    /// (`alloc_conf::parse_settings`); a string naming another key (but for torch_npu's two
+    /// pinned run-time keys, unsupported here) changes nothing, with a
     /// `not_at_run_time` warning, as torch_npu raises before it applies any key. Later
     /// allocations follow the new settings; blocks of
     /// expandable segments stay, and best fit passes over them while expandable segments are
