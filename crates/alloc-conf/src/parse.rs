@@ -86,8 +86,9 @@ const RUN_TIME_UNSUPPORTED: [&str; 2] =
 /// string naming a key (with a value) other than [`RUN_TIME_KEYS`], known or not, changes
 /// nothing, with a [`WarningKind::NotAtRunTime`] warning for each such key: torch_npu checks
 /// every key first and raises before it resets or applies any. The exceptions are torch_npu's
-/// two pinned run-time keys, unsupported here: they warn as in [`parse`] and the rest applies. The empty string changes nothing either:
-/// torch_npu's parser returns before it resets anything.
+/// two pinned run-time keys, unsupported here: they warn as in [`parse`] and the rest applies.
+/// The empty string changes nothing either: torch_npu's parser returns before it resets
+/// anything.
 ///
 /// ```
 /// use alloc_conf::{parse, parse_settings};

@@ -440,18 +440,15 @@ impl<D: Device> Allocator<D> {
         if !self.saver.retain_cpu_backup {
             // What this call mapped, and what an earlier one left mapped with its backup (an
             // undo whose unmap failed): no mapped segment of these tags keeps one.
-            let kept: Vec<u64> = self
+            let kept: Vec<_> = self
                 .saver
                 .segments
-                .iter()
-                .filter(|(_, s)| s.page.is_some() && s.backup.is_some() && sets.contains(&s.set))
-                .map(|(&addr, _)| addr)
+                .values_mut()
+                .filter(|s| s.page.is_some() && sets.contains(&s.set))
+                .filter_map(|s| s.backup.take())
                 .collect();
-            for addr in kept {
-                let seg = self.saver.segments.get_mut(&addr).expect("a saver segment");
-                if let Some(buffer) = seg.backup.take() {
-                    self.give_back_host(buffer);
-                }
+            for buffer in kept {
+                self.give_back_host(buffer);
             }
         }
         for &set in &sets {
