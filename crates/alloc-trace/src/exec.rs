@@ -154,6 +154,10 @@ pub struct OpCounts {
     pub retained_resumes: u64,
     /// `resume` operations that ran out of device memory (the tag stays paused).
     pub resume_ooms: u64,
+    /// Allocations in a memory-saver region that ran out of memory only because the device
+    /// would not have kept the `memory_margin` free beside their segment (counted with checks
+    /// only).
+    pub margin_ooms: u64,
     /// `pause` operations that ran out of host memory for a CPU backup (what they had not
     /// reached stays mapped).
     pub pause_ooms: u64,
@@ -924,6 +928,10 @@ impl Executor {
             OpKind::Resume(ref tag) => self.pause_or_resume(tag.as_deref(), false),
             OpKind::RetainCpuBackup(retain) => {
                 self.alloc.set_retain_cpu_backup(retain);
+                Outcome::Done
+            }
+            OpKind::MemoryMargin(bytes) => {
+                self.alloc.set_saver_memory_margin(bytes);
                 Outcome::Done
             }
             OpKind::Fill { id, byte } => self.fill_or_expect(id, byte, true),
@@ -1754,6 +1762,19 @@ impl Executor {
             .rfind(|f| f.call == DeviceCall::MemInfo)
             .filter(|_| rejecting)
             .map(Scheduled::error);
+        // In a memory-saver region with a margin, each new segment asks for the device's free
+        // memory first (torch_memory_saver's check), and a failure of that call ends the malloc.
+        let in_region = self.scopes.last().is_some_and(|&(region, _)| region);
+        let margin = if in_region {
+            self.alloc.saver_memory_margin()
+        } else {
+            0
+        };
+        let margin_check_error = fired
+            .iter()
+            .rfind(|f| f.call == DeviceCall::MemInfo)
+            .filter(|_| margin > 0)
+            .map(Scheduled::error);
         let malloc_calls = self.calls()[DeviceCall::Malloc as usize];
         let last_error = fired
             .iter()
@@ -1770,11 +1791,12 @@ impl Executor {
                 ));
             }
             (Err(AllocError::OutOfMemory(_)), None) => {}
-            (Err(AllocError::Device(got)), None) if Some(got) == rejection_check_error.as_ref() => {
-            }
+            (Err(AllocError::Device(got)), None)
+                if Some(got) == rejection_check_error.as_ref()
+                    || Some(got) == margin_check_error.as_ref() => {}
             // A new expandable segment asks for the device's total too, as does the rejection
-            // check of each segment request.
-            (_, None) if fired_mem_info && !before.expandable && !rejecting => {
+            // check of each segment request and the margin's check of a region's.
+            (_, None) if fired_mem_info && !before.expandable && !rejecting && margin == 0 => {
                 return Err(broken(
                     Rule::UnexpectedResult,
                     format!("{what} asked mem_info without running out of memory: {result:?}"),
@@ -1836,6 +1858,8 @@ impl Executor {
                 // limit refused it; an injected out-of-memory explains it too, an injected error
                 // in the last device malloc only if the fraction then refused the last attempt.
                 let need = used.saturating_add(oom.alloc_size);
+                // A region's segment also leaves the margin free.
+                let margin_full = margin > 0 && need.saturating_add(margin) > capacity;
                 let full = if self.alloc.conf().expandable_segments {
                     // Pages are mapped on demand: memory ran out if the device lacks the pages
                     // the request could need (its pages, plus one for a sliver it may not use).
@@ -1867,6 +1891,10 @@ impl Executor {
                 // The simulator never reuses an address: on a device of several EiB, the
                 // 64-bit address space can run out before its memory does.
                 let no_addresses = device.address_space_refusals() != before.address_space_refusals;
+                if margin_full && !full && !limited {
+                    self.counts.margin_ooms += 1;
+                }
+                let full = full || margin_full;
                 if !fired_oom && !full && !limited && !no_addresses {
                     return Err(broken(
                         Rule::SpuriousOutOfMemory,
@@ -1907,7 +1935,8 @@ impl Executor {
             Err(AllocError::Device(_))
                 if must_fail.is_some()
                     || last_error.is_some()
-                    || rejection_check_error.is_some() =>
+                    || rejection_check_error.is_some()
+                    || margin_check_error.is_some() =>
             {
                 self.counts.device_errors += 1;
                 self.allocation_count_is(count, &what)?;
@@ -2431,6 +2460,28 @@ mod tests {
                     resume w\nalloc b 30M\nfault alloc_host 1 oom\npause w\ndrain\n";
         let r = checked(text).unwrap();
         assert_eq!((r.counts.pause_ooms, r.counts.faults_fired), (1, 1));
+    }
+
+    #[test]
+    fn a_region_runs_out_of_memory_unless_the_margin_stays_free_beside_its_segment() {
+        // torch_memory_saver's check: margin + segment > free is out of memory, equal fits.
+        let text = "capacity 100M\npad 0\nregion w\nmemory_margin 60M\nalloc a 30M\n\
+                    alloc b 20M\nmemory_margin 50M\nalloc b 20M\nend_region\n\
+                    memory_margin 60M\nalloc c 40M\n";
+        let r = checked(text).unwrap();
+        // b's first segment: 60 + 20 MiB > 100 − 30 MiB free; the second: 50 + 20 = 70 MiB.
+        assert_eq!((r.counts.ooms, r.counts.margin_ooms), (1, 1));
+        assert_eq!(r.counts.allocs, 4);
+        // The default pools' c asks for no margin: 40 of the last 50 MiB.
+        assert_eq!(r.end.stats.reserved_bytes.all.current, 90 << 20);
+        assert_eq!(r.end.stats.num_ooms, 1);
+        // Without the margin b fits at once.
+        let r = checked("capacity 100M\npad 0\nregion w\nalloc a 30M\nalloc b 20M\n").unwrap();
+        assert_eq!((r.counts.ooms, r.counts.margin_ooms), (0, 0));
+        // A failed free-memory query ends the malloc with its error, as upstream's check.
+        let r = checked("region w\nmemory_margin 1M\nfault mem_info 1 error 507899\nalloc a 1M\n")
+            .unwrap();
+        assert_eq!((r.counts.device_errors, r.counts.faults_fired), (1, 1));
     }
 
     #[test]

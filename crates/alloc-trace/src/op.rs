@@ -159,6 +159,9 @@ pub enum OpKind {
     /// `retain_cpu_backup on|off`: torch_memory_saver's `retain_cpu_backup`, read at each
     /// later resume: with it, a resume keeps the CPU backups, which the next pause reuses.
     RetainCpuBackup(bool),
+    /// `memory_margin <size>`: torch_memory_saver's `memory_margin_bytes`: a new segment of a
+    /// region runs out of memory unless the device keeps `size` bytes free beside it (0: off).
+    MemoryMargin(u64),
     /// `fill <id> <byte>`: writes `byte` into the first and last 8 bytes of allocation `id`.
     Fill {
         /// The allocation's name.
@@ -232,6 +235,7 @@ impl OpKind {
             OpKind::Pause(_) => "pause",
             OpKind::Resume(_) => "resume",
             OpKind::RetainCpuBackup(_) => "retain_cpu_backup",
+            OpKind::MemoryMargin(_) => "memory_margin",
             OpKind::Fill { .. } => "fill",
             OpKind::Expect { .. } => "expect",
         }

@@ -169,7 +169,7 @@ pub enum TraceErrorKind {
 
 /// Every keyword of the format (directives and operations), for the "keywords are lower case"
 /// hint and for tests that generate traces.
-pub const KEYWORDS: [&str; 33] = [
+pub const KEYWORDS: [&str; 34] = [
     "capacity",
     "conf",
     "device_overhead",
@@ -201,6 +201,7 @@ pub const KEYWORDS: [&str; 33] = [
     "pause",
     "resume",
     "retain_cpu_backup",
+    "memory_margin",
     "fill",
     "expect",
 ];
@@ -730,6 +731,11 @@ impl<'a> Parser<'a> {
                 args.end()?;
                 OpKind::RetainCpuBackup(retain)
             }
+            "memory_margin" => {
+                let bytes = size_arg(args.need("<size>")?)?;
+                args.end()?;
+                OpKind::MemoryMargin(bytes)
+            }
             "fill" | "expect" => {
                 let id = self.intern(args.need("<id>")?)?;
                 let token = args.need("<byte>")?;
@@ -927,6 +933,32 @@ mod tests {
         assert!(matches!(
             err("retain_cpu_backup on off\n", 1),
             TraceErrorKind::ExtraToken { .. }
+        ));
+    }
+
+    #[test]
+    fn memory_margin_takes_one_size() {
+        let t = parse("memory_margin 1.5G\nmemory_margin 0\n").unwrap();
+        let kinds: Vec<_> = t.ops.iter().map(|op| op.kind.clone()).collect();
+        assert_eq!(
+            kinds,
+            [OpKind::MemoryMargin(3 << 29), OpKind::MemoryMargin(0)]
+        );
+        for op in &t.ops {
+            let line = crate::write::Line::new(&t, &op.kind).to_string();
+            assert_eq!(parse(&format!("{line}\n")).unwrap().ops[0].kind, op.kind);
+        }
+        assert!(matches!(
+            err("memory_margin\n", 1),
+            TraceErrorKind::MissingToken { .. }
+        ));
+        assert!(matches!(
+            err("memory_margin 1M 2M\n", 1),
+            TraceErrorKind::ExtraToken { .. }
+        ));
+        assert!(matches!(
+            err("memory_margin lots\n", 1),
+            TraceErrorKind::BadSize { .. }
         ));
     }
 

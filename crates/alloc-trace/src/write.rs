@@ -66,6 +66,7 @@ impl fmt::Display for Line<'_> {
             OpKind::RetainCpuBackup(retain) => {
                 write!(f, "{keyword} {}", if retain { "on" } else { "off" })
             }
+            OpKind::MemoryMargin(bytes) => write!(f, "{keyword} {bytes}"),
             OpKind::Fill { id, byte } | OpKind::Expect { id, byte } => {
                 write!(f, "{keyword} {} {byte}", name(id))
             }

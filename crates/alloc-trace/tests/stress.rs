@@ -15,7 +15,7 @@ const OPS: u64 = 3_000;
 #[test]
 fn every_variant_passes_a_short_run_and_exercises_every_path() {
     // A variant's short run resumes a few times at most: retention is judged over them all.
-    let mut retained = 0;
+    let (mut retained, mut margin_ooms) = (0, 0);
     for (name, conf) in VARIANTS {
         let params = StressParams::new(0x5eed, OPS, conf);
         let report = stress::run(&params, Duration::from_secs(10))
@@ -31,6 +31,7 @@ fn every_variant_passes_a_short_run_and_exercises_every_path() {
         assert!(c.drains > 0);
         assert!(c.pauses > 0 && c.resumes > 0, "{name}: no pause and resume");
         retained += c.retained_resumes;
+        margin_ooms += c.margin_ooms;
         if params.expandable_ops {
             // Map calls and unmapped ranges do not pair up one to one; the drains prove that
             // nothing is left (every page, range and segment given back).
@@ -40,6 +41,10 @@ fn every_variant_passes_a_short_run_and_exercises_every_path() {
         }
     }
     assert!(retained > 0, "no resume kept its CPU backups");
+    assert!(
+        margin_ooms > 0,
+        "no region ran out of memory for its margin"
+    );
 }
 
 #[test]

@@ -138,7 +138,7 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
         "{name:<26} {} ops, {} allocs, {} OOMs, {}{} refused (>= 1 EiB), {} misuses, \
          {} faults ({} fired: {} device errors, {} absorbed), {} device mallocs, {} device frees, \
          {} pauses ({} out of host memory), {} resumes ({} out of memory), \
-         {} allocations refused while paused, \
+         {} allocations refused while paused, {} out of memory for the margin, \
          {} drains, peak reserved {}, {:.2} s",
         c.ops,
         c.allocs,
@@ -161,6 +161,7 @@ fn print_report(name: &str, r: &Report, elapsed: Duration) {
         c.resumes,
         c.resume_ooms,
         c.paused_refusals,
+        c.margin_ooms,
         c.drains,
         FormatSize(r.device_peak_bytes),
         elapsed.as_secs_f64()

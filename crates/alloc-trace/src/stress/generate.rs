@@ -84,6 +84,9 @@ pub(crate) struct Generator {
     /// `resume` lines drawn: every second is followed by `retain_cpu_backup`, on and off in
     /// turn (counted, not drawn, as `empty_caches`).
     resumes: u64,
+    /// `pause` lines drawn: every third is followed by `memory_margin`, a quarter of the
+    /// device's capacity and 0 in turn (counted, not drawn, as `empty_caches`).
+    pauses: u64,
 }
 
 /// The memory-saver tags drawn: weights kept through pauses by a CPU backup, a KV cache not.
@@ -105,6 +108,7 @@ impl Generator {
             scopes: Vec::new(),
             pools: Vec::new(),
             resumes: 0,
+            pauses: 0,
             empty_caches: 0,
         }
     }
@@ -182,7 +186,16 @@ impl Generator {
                 OpKind::Pool(PoolOp::Use(r.pick(&enterable).to_owned()))
             }
             6 if !held.is_empty() => OpKind::Pool(PoolOp::Release(r.pick(&held).to_owned())),
-            7 => OpKind::Pause(r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned())),
+            7 => {
+                let tag = r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned());
+                self.pauses += 1;
+                if self.pauses.is_multiple_of(3) {
+                    let on = self.pauses % 6 == 3;
+                    let margin = if on { self.params.capacity / 4 } else { 0 };
+                    self.queued = Some(OpKind::MemoryMargin(margin));
+                }
+                OpKind::Pause(tag)
+            }
             8 => {
                 let tag = r.chance(0.7).then(|| r.pick(&TAGS).0.to_owned());
                 self.resumes += 1;
