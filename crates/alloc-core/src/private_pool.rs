@@ -135,6 +135,9 @@ pub(crate) struct PrivatePool<S> {
     pub(crate) use_on_oom: bool,
     /// torch_npu's `no_split`: this pool's blocks are handed out whole, never split.
     pub(crate) no_split: bool,
+    /// When it was added, among this device's pools: the `use_on_oom` fallback searches pools
+    /// in this order (a forgotten pool's slot is reused, so slot order is not it).
+    created: u64,
 }
 
 impl<S> PrivatePool<S> {
@@ -163,6 +166,8 @@ pub(crate) struct Pools<S> {
     shared_ids: Option<Arc<AtomicU64>>,
     /// Whether any live pool is `use_on_oom`: a miss of the default pools asks only then.
     pub(crate) use_on_oom: bool,
+    /// Pools added so far: the next one's `created`.
+    added: u64,
 }
 
 impl<S> Default for Pools<S> {
@@ -173,6 +178,7 @@ impl<S> Default for Pools<S> {
             next_user: 1,
             shared_ids: None,
             use_on_oom: false,
+            added: 0,
         }
     }
 }
@@ -226,7 +232,7 @@ impl<S> Pools<S> {
     }
 
     /// Stores a new private pool and returns its set.
-    pub(crate) fn add(&mut self, pool: PrivatePool<S>) -> Result<PoolSet, PoolError> {
+    pub(crate) fn add(&mut self, mut pool: PrivatePool<S>) -> Result<PoolSet, PoolError> {
         let slot = match self.private.iter().position(Option::is_none) {
             Some(slot) => slot,
             None => {
@@ -238,6 +244,8 @@ impl<S> Pools<S> {
             self.private.truncate(slot);
             return Err(PoolError::TooMany);
         };
+        pool.created = self.added;
+        self.added += 1;
         self.private[slot] = Some(pool);
         Ok(set)
     }
@@ -350,6 +358,7 @@ impl<D: crate::Device> crate::Allocator<D> {
             saver,
             use_on_oom: false,
             no_split: false,
+            created: 0,
         })
     }
 
@@ -386,17 +395,17 @@ impl<D: crate::Device> crate::Allocator<D> {
         if req.set != 0 {
             return None;
         }
-        let sets: Vec<PoolSet> = self
+        let mut sets: Vec<(u64, PoolSet)> = self
             .pools
             .sets()
-            .filter(|&set| {
-                self.pools
-                    .private(set)
-                    .is_some_and(|p| p.use_on_oom && !p.entered)
-                    && self.set_refusal::<D::Error>(set).is_none()
+            .filter_map(|set| {
+                let pool = self.pools.private(set)?;
+                (pool.use_on_oom && !pool.entered && self.set_refusal::<D::Error>(set).is_none())
+                    .then_some((pool.created, set))
             })
             .collect();
-        for set in sets {
+        sets.sort_unstable();
+        for (_, set) in sets {
             let fallback = crate::allocator::Request { set, ..*req };
             if let Some(id) = self.get_free_block(&fallback) {
                 return Some(self.alloc_found_block(id, &fallback));

@@ -367,6 +367,33 @@ fn the_fallback_passes_over_entered_and_released_pools_and_serves_default_reques
     check_consistency(&a);
 }
 
+/// The fallback searches the `use_on_oom` pools in creation order, also after a forgotten
+/// pool's slot went to a newer pool (it walked the slots: a parity review's smallest trace).
+#[test]
+fn the_fallback_searches_pools_in_creation_order_after_a_slot_is_reused() {
+    let mut a = npu(4 * MIB, &AllocConf::default());
+    let p0 = a.create_pool().unwrap();
+    let p1 = a.create_pool().unwrap();
+    a.set_use_on_oom(p1, true).unwrap();
+    // p0 has no segment: released, it is forgotten and p2 takes its slot.
+    a.release_pool(p0).unwrap();
+    a.empty_pool_cache(p0).unwrap();
+    assert_eq!(a.private_pools(), [p1]);
+    let p2 = a.create_pool().unwrap();
+    a.set_use_on_oom(p2, true).unwrap();
+    a.set_no_split(p2).unwrap();
+    let x = a.malloc_in(1007, S0, p1).unwrap();
+    let y = a.malloc_in(100, S0, p2).unwrap();
+    a.free(y).unwrap();
+    // Both pools' 2 MiB segments fill the device: the default request falls back, to p1 first.
+    let z = a.malloc(500_000, S0).unwrap();
+    assert_eq!(z, x + 1536);
+    // x's 1,536 bytes and z's 500,224 (p1 splits); p2 would have handed out its 2 MiB whole.
+    assert_eq!(stat(&a, "allocated_bytes.all.current"), 501_760);
+    assert_eq!(stat(&a, "inactive_split_bytes.all.current"), 1_595_392);
+    check_consistency(&a);
+}
+
 /// torch_npu's `no_split`: the pool's blocks are handed out whole, a new segment included.
 #[test]
 fn a_no_split_pool_hands_out_whole_blocks() {
