@@ -39,7 +39,12 @@ def main(argv=None):
     parser.add_argument("--selftest", action="store_true", help="run a small sequence and print stats")
     args = parser.parse_args(argv)
     if args.selftest:
-        return selftest()
+        try:
+            return selftest()
+        except npu_alloc.NpuAllocError as e:
+            # The library's own message says what failed; a traceback adds nothing for a user.
+            print("selftest failed: %s" % e, file=sys.stderr)
+            return 1
     parser.print_help()
     return 0
 

@@ -692,6 +692,18 @@ class Selftest(unittest.TestCase):
         self.assertIn("num_ooms                     0", out)
         self.assertIn("allocated_bytes.all.peak     26216960", out)
 
+    def test_a_library_that_cannot_load_fails_with_its_message_and_no_traceback(self):
+        import os
+        import subprocess
+
+        env = dict(os.environ, NPU_ALLOC_ACL_LIB="/nonexistent/libascendcl.so")
+        done = subprocess.run([sys.executable, "-m", "npu_alloc", "--selftest"],
+                              capture_output=True, text=True, env=env)
+        self.assertEqual(done.returncode, 1)
+        self.assertIn("selftest failed: ", done.stderr)
+        self.assertIn("libascendcl.so", done.stderr)
+        self.assertNotIn("Traceback", done.stderr)
+
 
 @needs_fake
 class VirtAddrCache(unittest.TestCase):

@@ -339,13 +339,19 @@ const THREAD_CASES: [(&str, &str); 2] = [
 const NAME_WIDTH: usize = 41;
 
 fn print_table(cases: &[Case]) {
-    println!(
+    say!(
         "{:<NAME_WIDTH$} {:>7} {:>10} {:<48} {:>10} {:>7} {:>7}",
-        "case", "blocks", "ns", "baseline", "base ns", "ratio", "target"
+        "case",
+        "blocks",
+        "ns",
+        "baseline",
+        "base ns",
+        "ratio",
+        "target"
     );
     for c in cases {
         let opt = |v: Option<f64>, p: usize| v.map_or("-".into(), |v| format!("{v:.p$}"));
-        println!(
+        say!(
             "{:<NAME_WIDTH$} {:>7} {:>10.1} {:<48} {:>10} {:>7} {:>7}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
@@ -368,10 +374,17 @@ fn fragmentation(json: bool) {
     files.retain(|p| p.extension().is_some_and(|e| e == "trace"));
     files.sort();
     if !json {
-        println!();
-        println!(
+        say!();
+        say!(
             "{:<16} {:<40} {:>3} {:>12} {:>12} {:>7} {:>8} {:>7}",
-            "trace", "config", "pad", "peak resv", "peak req", "ratio", "mallocs", "frees"
+            "trace",
+            "config",
+            "pad",
+            "peak resv",
+            "peak req",
+            "ratio",
+            "mallocs",
+            "frees"
         );
     }
     for file in files {
@@ -423,7 +436,7 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
         notes.push("conflicts with the trace's config: ran without expandable segments".into());
     }
     if json {
-        println!(
+        say!(
             "{}",
             json!({"trace": name, "config": label, "pad": pad,
                    "peak_reserved": r.device_peak_bytes,
@@ -433,7 +446,7 @@ fn fragmentation_row(trace: &alloc_trace::Trace, name: &str, extra: &str, pad: u
                    "notes": notes})
         );
     } else {
-        println!(
+        say!(
             "{:<16} {:<40} {:>3} {:>12} {:>12} {:>7.3} {:>8} {:>7}{}",
             name,
             label,
@@ -477,7 +490,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     if let [cases] = runs.as_slice() {
         if args.json {
             for c in cases {
-                println!("{}", c.json());
+                say!("{}", c.json());
             }
         } else {
             print_table(cases);
@@ -486,7 +499,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         let ranges = ranges(&runs);
         if args.json {
             for r in &ranges {
-                println!("{}", r.json());
+                say!("{}", r.json());
             }
         } else {
             print_ranges(&ranges);
@@ -558,13 +571,19 @@ fn ranges(runs: &[Vec<Case>]) -> Vec<Range<'_>> {
 }
 
 fn print_ranges(ranges: &[Range<'_>]) {
-    println!(
+    say!(
         "{:<NAME_WIDTH$} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
-        "case", "blocks", "ns", "baseline", "ratio", "target", "met"
+        "case",
+        "blocks",
+        "ns",
+        "baseline",
+        "ratio",
+        "target",
+        "met"
     );
     for r in ranges {
         let c = r.first;
-        println!(
+        say!(
             "{:<NAME_WIDTH$} {:>7} {:>17} {:<48} {:>15} {:>7} {:>9}",
             c.name,
             c.blocks.map_or("-".into(), |b| b.to_string()),
@@ -672,7 +691,7 @@ fn instruction_counts() -> Result<(), String> {
     let mut counts = Vec::new();
     for (label, package, example, args, unit) in INSTRUCTION_CASES {
         let per_unit = instructions_per_unit(package, example, args, unit)?;
-        println!("{label}: {per_unit:.1} instructions (callgrind)");
+        say!("{label}: {per_unit:.1} instructions (callgrind)");
         counts.push((label, per_unit));
     }
     let count = |label: &str| {
@@ -683,7 +702,7 @@ fn instruction_counts() -> Result<(), String> {
             .ok_or_else(|| format!("no instruction case {label:?}"))
     };
     for (name, case, baseline) in INSTRUCTION_RATIOS {
-        println!(
+        say!(
             "{name}: {:.3} (instructions)",
             count(case)? / count(baseline)?
         );

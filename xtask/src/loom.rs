@@ -53,7 +53,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         ])
         .args(args.filter)
         .stdout(Stdio::piped());
-    println!(
+    say!(
         "== loom: RUSTFLAGS={rustflags:?} LOOM_MAX_PREEMPTIONS={} cargo test -p npu-runtime --release --test 'loom_*'",
         args.preemptions
     );
@@ -68,7 +68,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let (mut passed, mut failed) = (0, 0);
     if let Some(stdout) = child.stdout.take() {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            println!("{line}");
+            say!("{line}");
             if let Some((p, f)) = counts(&line) {
                 passed += p;
                 failed += f;
@@ -83,7 +83,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         }
     };
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    say!(
         "loom: {} models ran ({passed} passed, {failed} failed), preemption bound {}, {secs:.1}s",
         passed + failed,
         args.preemptions

@@ -4,6 +4,17 @@
 //! The user commands (`replay`, `conf`, `stress`, `import-snapshot`, `tune`) belong to the `npu-alloc` tool; here they are
 //! aliases that forward their arguments to it, so `cargo xtask replay ...` works in a checkout.
 
+/// `println!` that ends quietly when the reader of stdout goes away (`cargo xtask bench
+/// --fragmentation | head`), as the user commands do.
+macro_rules! say {
+    () => {
+        npu_alloc_cli::print_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        npu_alloc_cli::print_line(format_args!($($arg)*))
+    };
+}
+
 mod bench;
 mod cargo;
 mod loom;
@@ -46,7 +57,7 @@ enum Command {
     /// `npu-alloc import-snapshot`: convert a PyTorch memory snapshot into a `.trace`.
     #[command(disable_help_flag = true)]
     ImportSnapshot(Forwarded),
-    /// `npu-alloc tune`: recommend the alloc-conf that fits a workload, from its trace.
+    /// `npu-alloc tune`: recommend the alloc-conf that fits a workload, from its trace or snapshot.
     #[command(disable_help_flag = true)]
     Tune(Forwarded),
     /// Run npu-runtime's loom models (`--cfg loom`, release, bounded preemptions).
@@ -70,6 +81,36 @@ fn forward(name: &str, args: Forwarded) -> ExitCode {
     npu_alloc_cli::main_with(argv.into_iter().chain(args.args))
 }
 
+/// Runs `npu-alloc name args` from the release build, in the caller's directory: `tune` replays
+/// a trace tens of thousands of times, about 14 times slower in xtask's own debug build.
+fn forward_release(name: &str, args: Forwarded) -> ExitCode {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
+    let manifest = cargo::workspace_root().join("Cargo.toml");
+    let status = std::process::Command::new(cargo)
+        .args([
+            "run",
+            "--release",
+            "--quiet",
+            "-p",
+            "npu-alloc-cli",
+            "--bin",
+            "npu-alloc",
+        ])
+        .arg("--manifest-path")
+        .arg(manifest)
+        .arg("--")
+        .arg(name)
+        .args(args.args)
+        .status();
+    match status {
+        Ok(s) => ExitCode::from(s.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("xtask: running cargo: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli: Cli = match npu_alloc_cli::parse_args(std::env::args_os()) {
         Ok(cli) => cli,
@@ -89,7 +130,7 @@ fn main() -> ExitCode {
         }
         Command::Stress(args) => forward("stress", args),
         Command::ImportSnapshot(args) => forward("import-snapshot", args),
-        Command::Tune(args) => forward("tune", args),
+        Command::Tune(args) => forward_release("tune", args),
         Command::Loom(args) => loom::run(args),
         Command::TestHw(args) => test_hw::run(args),
         Command::Bench(args) => bench::run(args),

@@ -20,10 +20,10 @@ use testkit::fake_acl::{FakeAcl, Variant};
 #[derive(clap::Args, Debug, Clone)]
 pub(crate) struct Args {
     /// Threads making calls at once.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
     threads: u32,
     /// Devices of the fake library.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     devices: u32,
     /// Calls per thread.
     #[arg(long, default_value_t = 20_000)]
@@ -346,7 +346,7 @@ fn one_call(
 
 /// Runs `cargo xtask stress --runtime`.
 pub(crate) fn run(args: Args) -> ExitCode {
-    println!(
+    say!(
         "runtime stress: {} threads, {} devices, {} calls per thread, seed {}, faults {}, \
          release_lock_on_npumalloc {}, expandable_segments {}",
         args.threads,
@@ -360,7 +360,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let start = Instant::now();
     match stress(&args) {
         Ok(c) => {
-            println!(
+            say!(
                 "ok: {} calls ({} mallocs, {} frees, {} OOMs, {} typed errors), {} ACL failures \
                  injected, {} OOM observer calls, {:.1} s; nothing left allocated, reserved, \
                  charged or pending",
@@ -376,7 +376,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            println!("FAILED: {e}");
+            say!("FAILED: {e}");
             ExitCode::FAILURE
         }
     }

@@ -56,7 +56,7 @@ fn davinci_nodes(dev: &Path) -> Vec<String> {
 /// Runs the probe chain; the loaded library, or the failed step's index and reason.
 fn probe(explicit: Option<&Path>) -> Result<Lib, (usize, String)> {
     let report =
-        |step: usize, detail: &str| println!("  {}. {} ... ok ({detail})", step + 1, STEPS[step]);
+        |step: usize, detail: &str| say!("  {}. {} ... ok ({detail})", step + 1, STEPS[step]);
     let nodes = davinci_nodes(Path::new("/dev"));
     if nodes.is_empty() {
         return Err((
@@ -100,12 +100,12 @@ fn probe(explicit: Option<&Path>) -> Result<Lib, (usize, String)> {
 
 /// Runs `cargo xtask test-hw`.
 pub(crate) fn run(args: Args) -> ExitCode {
-    println!("test-hw: probing for Ascend hardware (see docs/acl.md)");
+    say!("test-hw: probing for Ascend hardware (see docs/acl.md)");
     let lib = match probe(args.lib.as_deref()) {
         Ok(lib) => lib,
         Err((step, why)) => {
-            println!("  {}. {} ... FAILED: {why}", step + 1, STEPS[step]);
-            println!(
+            say!("  {}. {} ... FAILED: {why}", step + 1, STEPS[step]);
+            say!(
                 "test-hw: no usable Ascend hardware: step {} ({}) failed; hardware suite not run",
                 step + 1,
                 STEPS[step]
@@ -114,14 +114,14 @@ pub(crate) fn run(args: Args) -> ExitCode {
                 eprintln!("test-hw: --require given: failing");
                 ExitCode::FAILURE
             } else {
-                println!("test-hw: exit 0 without hardware (pass --require to make this an error)");
+                say!("test-hw: exit 0 without hardware (pass --require to make this an error)");
                 ExitCode::SUCCESS
             };
         }
     };
     let path = lib.path().to_path_buf();
     drop(lib);
-    println!(
+    say!(
         "test-hw: running npu-runtime's hardware suite against {}",
         path.display()
     );
@@ -154,7 +154,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 /// The Python package's tests against the real library (the tests that need the fake's
 /// controls are skipped there), with a release build of the C library.
 fn python_suite(acl: &std::path::Path) -> ExitCode {
-    println!(
+    say!(
         "test-hw: running the Python package's tests against {}",
         acl.display()
     );

@@ -283,9 +283,13 @@ impl Imported {
             ));
         }
         for (action, n) in &s.skipped {
-            out.push_str(&format!(
-                "# skipped: {n} {action} entries (the allocator's own decisions)\n"
-            ));
+            let why = match Action::from_name(action) {
+                Action::Other(_) => "an action npu-alloc does not know",
+                Action::Oom => "failed requests: --capacity replays them",
+                Action::Snapshot | Action::WorkspaceSnapshot | Action::Annotate => "annotations",
+                _ => "the allocator's own decisions",
+            };
+            out.push_str(&format!("# skipped: {n} {action} entries ({why})\n"));
         }
         for note in &s.notes {
             out.push_str(&format!("# note: {note}\n"));

@@ -162,6 +162,8 @@ pub enum TraceErrorKind {
         what: &'static str,
         /// The token found.
         token: String,
+        /// What would have been accepted, such as "an integer from 0 to 255".
+        expected: &'static str,
     },
     /// More than 2^32 distinct ids.
     TooManyIds,
@@ -300,8 +302,12 @@ impl fmt::Display for TraceErrorKind {
                     Echo(token)
                 )
             }
-            TraceErrorKind::BadNumber { what, token } => {
-                write!(f, "bad {what} `{}`: expected an integer", Echo(token))
+            TraceErrorKind::BadNumber {
+                what,
+                token,
+                expected,
+            } => {
+                write!(f, "bad {what} `{}`: expected {expected}", Echo(token))
             }
             TraceErrorKind::TooManyIds => f.write_str("more than 2^32 distinct ids"),
         }
@@ -454,6 +460,7 @@ fn number_arg(what: &'static str, token: &str) -> Result<u64, TraceErrorKind> {
     parsed.ok_or_else(|| TraceErrorKind::BadNumber {
         what,
         token: token.to_owned(),
+        expected: "an integer from 0 to 2^64 - 1 (decimal, or hexadecimal after 0x)",
     })
 }
 
@@ -739,12 +746,13 @@ impl<'a> Parser<'a> {
             "fill" | "expect" => {
                 let id = self.intern(args.need("<id>")?)?;
                 let token = args.need("<byte>")?;
-                let byte = number_arg("byte", token)
+                let byte = number_arg("<byte>", token)
                     .ok()
                     .and_then(|b| u8::try_from(b).ok())
                     .ok_or_else(|| TraceErrorKind::BadNumber {
-                        what: "byte (0 to 255)",
+                        what: "<byte>",
                         token: token.to_owned(),
+                        expected: "an integer from 0 to 255",
                     })?;
                 args.end()?;
                 if keyword == "fill" {
@@ -781,6 +789,7 @@ impl<'a> Parser<'a> {
                         .ok_or_else(|| TraceErrorKind::BadNumber {
                             what: "<code>",
                             token: token.to_owned(),
+                            expected: "an integer from -2147483648 to 2147483647 (an i32)",
                         })?;
                         Fault::Error(code)
                     }
@@ -978,7 +987,10 @@ mod tests {
         for token in ["+5", "-", "0x10", "2147483648", "5e3"] {
             assert_eq!(
                 msg(&format!("fault malloc 1 error {token}\n")),
-                format!("t.trace:1: bad <code> `{token}`: expected an integer"),
+                format!(
+                    "t.trace:1: bad <code> `{token}`: expected an integer from -2147483648 to \
+                     2147483647 (an i32)"
+                ),
             );
         }
     }

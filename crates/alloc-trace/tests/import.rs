@@ -623,6 +623,7 @@ fn failed_requests_without_a_capacity_are_skipped_with_a_note() {
     let history = vec![
         entry(Action::Alloc, 0x1000, 512, 0, 1),
         entry(Action::Oom, 0, 1 << 30, 0, 2),
+        entry(Action::Other("weird".into()), 0x1000, 512, 0, 2),
         entry(Action::FreeRequested, 0x1000, 512, 0, 3),
         entry(Action::FreeCompleted, 0x1000, 512, 0, 3),
     ];
@@ -643,6 +644,16 @@ fn failed_requests_without_a_capacity_are_skipped_with_a_note() {
         imported.summary.notes
     );
     assert!(!lines.iter().any(|l| l.starts_with("alloc o")), "{lines:?}");
+    // The header says why each kind of entry was skipped.
+    let header = imported.to_text("t.pickle");
+    assert!(
+        header.contains("# skipped: 1 oom entries (failed requests: --capacity replays them)\n"),
+        "{header}"
+    );
+    assert!(
+        header.contains("# skipped: 1 weird entries (an action npu-alloc does not know)\n"),
+        "{header}"
+    );
 }
 
 /// torch_npu names each entry's pool: a private pool's allocations replay in a pool of the

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 /// Arguments of `npu-alloc conf`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// The config string; without it (or when blank) the first set variable of
+    /// The config string; without it (or when blank) the first non-blank variable of
     /// MINDTORCH_NPU_ALLOC_CONF, PYTORCH_NPU_ALLOC_CONF, PYTORCH_ALLOC_CONF,
     /// PYTORCH_CUDA_ALLOC_CONF is read.
     #[arg(value_name = "STRING")]

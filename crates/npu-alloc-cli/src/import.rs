@@ -86,6 +86,26 @@ pub(crate) fn load_trace(path: &std::path::Path) -> Option<alloc_trace::Trace> {
 
 /// Runs `npu-alloc import-snapshot`.
 pub(crate) fn run(args: Args) -> ExitCode {
+    if let Some(what) = foreign_format(&args.snapshot) {
+        eprintln!(
+            "error: {}: {what}, not a PyTorch memory snapshot pickle",
+            args.snapshot.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    // The trace would take the snapshot's place (a link or another spelling of its path too).
+    let same = |a: &std::path::Path, b: &std::path::Path| {
+        a == b
+            || std::fs::canonicalize(a)
+                .is_ok_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
+    };
+    if same(&args.snapshot, &args.output) {
+        eprintln!(
+            "error: {}: the output would overwrite the snapshot; name another file with -o",
+            args.output.display()
+        );
+        return ExitCode::from(2);
+    }
     let read = match alloc_snapshot::read_file(&args.snapshot) {
         Ok(read) => read,
         Err(e) => {
@@ -140,15 +160,18 @@ pub(crate) fn run(args: Args) -> ExitCode {
         return ExitCode::FAILURE;
     }
     let s = &imported.summary;
+    let streams = s.streams.len() as u64 + s.extra_streams;
     eprintln!(
-        "wrote {}: device {}, {} prologue allocations, {} alloc, {} free ({} delayed), {} streams",
+        "wrote {}: device {}, {} prologue allocation{}, {} alloc, {} free ({} delayed), {streams} \
+         stream{}",
         args.output.display(),
         s.device,
         s.prologue,
+        crate::out::plural(s.prologue as u64),
         s.allocs,
         s.frees,
         s.delayed_frees,
-        s.streams.len() as u64 + s.extra_streams
+        crate::out::plural(streams),
     );
     if s.workspace_blocks > 0 {
         eprintln!(

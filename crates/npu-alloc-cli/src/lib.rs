@@ -60,6 +60,10 @@ enum Command {
     Tune(tune::Args),
 }
 
+/// Writes one line to stdout, ending the program quietly (exit code 0) when the reader went
+/// away, as every command does (for `cargo xtask`'s own commands).
+pub use out::line as print_line;
+
 /// The subcommands, by name (for `cargo xtask`'s aliases).
 pub const SUBCOMMANDS: [&str; 5] = ["replay", "conf", "stress", "import-snapshot", "tune"];
 

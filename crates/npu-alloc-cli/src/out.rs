@@ -6,7 +6,7 @@ use std::io::{ErrorKind, Write};
 
 /// Writes one line to stdout; on a closed pipe, exits with status 0 (the reader has what it
 /// wanted); any other write error exits with status 1 and a message on stderr.
-pub(crate) fn line(args: fmt::Arguments<'_>) {
+pub fn line(args: fmt::Arguments<'_>) {
     let mut out = std::io::stdout().lock();
     if let Err(e) = writeln!(out, "{args}").and_then(|()| out.flush()) {
         if e.kind() == ErrorKind::BrokenPipe {
@@ -27,3 +27,8 @@ macro_rules! say {
     };
 }
 pub(crate) use say;
+
+/// "s" unless `n` is 1: "1 stream", "2 streams".
+pub(crate) fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

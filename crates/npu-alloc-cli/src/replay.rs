@@ -84,9 +84,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
             eprintln!("{e}");
             if path.extension().is_some_and(|x| x == "pickle") {
                 eprintln!(
-                    "(a PyTorch memory snapshot? `npu-alloc import-snapshot {}` turns it into a \
-                     .trace)",
-                    path.display()
+                    "(a PyTorch memory snapshot? `npu-alloc import-snapshot {} -o {}` turns it \
+                     into a .trace)",
+                    path.display(),
+                    path.with_extension("trace").display()
                 );
             }
             return ExitCode::FAILURE;
@@ -378,13 +379,16 @@ fn print_summary(path: &Path, conf: &str, report: &Report, seconds: f64) {
         );
         let c = &report.counts;
         say!(
-            "pauses / resumes    {} / {} ({} pauses out of host memory, {} resumes out of \
-             memory, {} allocations refused while paused)",
+            "pauses / resumes    {} / {} ({} pause{} out of host memory, {} resume{} out of \
+             memory, {} allocation{} refused while paused)",
             c.pauses,
             c.resumes,
             c.pause_ooms,
+            crate::out::plural(c.pause_ooms),
             c.resume_ooms,
-            c.paused_refusals
+            crate::out::plural(c.resume_ooms),
+            c.paused_refusals,
+            crate::out::plural(c.paused_refusals),
         );
     }
     say!("segments now        {}", s.segment.all.current);

@@ -100,6 +100,11 @@ pub(crate) fn run(args: Args) -> ExitCode {
         args.max_live
     );
     let mut failed = false;
+    let width = configs
+        .iter()
+        .map(|(name, _)| name.len())
+        .max()
+        .unwrap_or(0);
     for (name, conf) in configs {
         let parsed = alloc_conf::parse(&conf);
         for w in &parsed.warnings {
@@ -114,7 +119,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         params.sabotage = args.sabotage;
         let start = Instant::now();
         match stress::run(&params, Duration::from_secs(args.shrink_secs)) {
-            Ok(report) => print_report(&name, &report, start.elapsed()),
+            Ok(report) => print_report(&name, width, &report, start.elapsed()),
             Err(failure) => {
                 failed = true;
                 say!(
@@ -132,10 +137,10 @@ pub(crate) fn run(args: Args) -> ExitCode {
     }
 }
 
-fn print_report(name: &str, r: &Report, elapsed: Duration) {
+fn print_report(name: &str, width: usize, r: &Report, elapsed: Duration) {
     let c = &r.counts;
     say!(
-        "{name:<26} {} ops, {} allocs, {} OOMs, {}{} refused (>= 1 EiB), {} misuses, \
+        "{name:<width$} {} ops, {} allocs, {} OOMs, {}{} refused (>= 1 EiB), {} misuses, \
          {} faults ({} fired: {} device errors, {} absorbed), {} device mallocs, {} device frees, \
          {} pauses ({} out of host memory), {} resumes ({} out of memory), \
          {} allocations refused while paused, {} out of memory for the margin, \

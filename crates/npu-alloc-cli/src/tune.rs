@@ -202,8 +202,10 @@ fn print_table(args: &Args, o: &Outcome, seconds: f64, threads: usize) {
         o.pad
     );
     say!(
-        "searched    {} configurations in {seconds:.1} s on {threads} threads (target {})",
+        "searched    {} configuration{} in {seconds:.1} s on {threads} thread{} (target {})",
         o.evals,
+        crate::out::plural(o.evals as u64),
+        crate::out::plural(threads as u64),
         match args.target {
             Target::NpuAlloc => "npu-alloc",
             Target::TorchNpu => "torch_npu",
@@ -215,7 +217,16 @@ fn print_table(args: &Args, o: &Outcome, seconds: f64, threads: usize) {
         say!("            stopped at --evals: a larger budget may find a better one");
     }
     say!();
-    say!("        peak resv  resv/req  OOMs  mallocs  frees  configuration");
+    // The header in the rows' widths (`row`), behind the 8 columns of "default " and "#1 ".
+    say!(
+        "{:8}{:>12} {:>10} {:>5} {:>8} {:>6}  configuration",
+        "",
+        "peak resv",
+        "resv/req",
+        "OOMs",
+        "mallocs",
+        "frees"
+    );
     say!("default {}", row(&o.default));
     for (i, e) in o.ranked.iter().take(5).enumerate() {
         say!("#{:<6} {}", i + 1, row(e));

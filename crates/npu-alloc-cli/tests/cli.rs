@@ -375,6 +375,41 @@ fn import_refuses_a_pickle_that_would_run_code_naming_the_offset() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("truncated"), "{}", stderr(&o));
+    // torch.save's zip and a gzip file are named as such, not as pickle opcodes.
+    for (name, bytes, what) in [
+        ("model.pt", &b"PK\x03\x04rest"[..], "a zip archive"),
+        (
+            "snap.pickle.gz",
+            &b"\x1f\x8b\x08\x00"[..],
+            "gzip-compressed",
+        ),
+    ] {
+        let path = temp_file(name, "");
+        std::fs::write(&path, bytes).unwrap();
+        let o = npu_alloc(&[
+            "import-snapshot",
+            path.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(stderr(&o).contains(what), "{}", stderr(&o));
+    }
+    // The trace never overwrites the snapshot.
+    std::fs::write(&path, &magma).unwrap();
+    let o = npu_alloc(&[
+        "import-snapshot",
+        path.to_str().unwrap(),
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("would overwrite the snapshot"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&path).unwrap(), magma);
 }
 
 #[test]
