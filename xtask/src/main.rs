@@ -43,7 +43,8 @@ struct Forwarded {
 
 #[derive(Subcommand)]
 enum Command {
-    /// `npu-alloc replay`: replay a `.trace` file through the policy on the simulated device.
+    /// `npu-alloc replay`: replay a `.trace` file (or a PyTorch memory snapshot) through the
+    /// policy on the simulated device.
     #[command(disable_help_flag = true)]
     Replay(Forwarded),
     /// `npu-alloc conf`: parse an allocator config string (or the environment) and explain it.

@@ -43,7 +43,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Replay a `.trace` file through the policy on the simulated device.
+    /// Replay a `.trace` file (or a PyTorch memory snapshot) through the policy on the simulated
+    /// device.
     #[command(after_help = EXIT_CODES)]
     Replay(replay::Args),
     /// Parse an allocator config string (or the environment) and explain the result.

@@ -26,7 +26,7 @@ const PROGRESS_FROM_CHECKED: usize = 10_000;
 /// Arguments of `npu-alloc replay`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// The trace file.
+    /// The trace file, or a PyTorch memory snapshot (pickle), imported as `import-snapshot` does.
     file: PathBuf,
     /// Print one JSON object per `stats` line and a last one labelled "end".
     #[arg(long)]
@@ -78,20 +78,9 @@ pub(crate) fn run(args: Args) -> ExitCode {
         return ExitCode::from(2);
     }
     let path = args.file.clone();
-    let trace = match alloc_trace::load(&path) {
-        Ok(trace) => trace,
-        Err(e) => {
-            eprintln!("{e}");
-            if path.extension().is_some_and(|x| x == "pickle") {
-                eprintln!(
-                    "(a PyTorch memory snapshot? `npu-alloc import-snapshot {} -o {}` turns it \
-                     into a .trace)",
-                    path.display(),
-                    path.with_extension("trace").display()
-                );
-            }
-            return ExitCode::FAILURE;
-        }
+    // A PyTorch snapshot is imported on the fly, as `tune` does.
+    let Some(trace) = crate::import::load_trace(&path) else {
+        return ExitCode::FAILURE;
     };
     let confs: Vec<&str> = if args.confs.is_empty() {
         vec![trace.conf.as_deref().unwrap_or("")]

@@ -348,6 +348,28 @@ fn a_pytorch_snapshot_imports_as_the_shipped_trace_and_replays() {
 }
 
 #[test]
+fn replay_imports_a_pytorch_snapshot_on_the_fly() {
+    // MAGMA27's snapshot imports as the shipped GPT-2 step: the README demo's figure.
+    let o = npu_alloc(&[
+        "replay",
+        &shipped("magma27_memory_snapshot.pickle"),
+        "--pad",
+        "0",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("peak reserved       13.12 GiB (14088667136 bytes)"),
+        "{}",
+        stdout(&o)
+    );
+    // A zip archive (torch.save's) is named as such.
+    let zip = temp_file("replay-model.pt", "PK\u{3}\u{4}rest");
+    let o = npu_alloc(&["replay", zip.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("a zip archive"), "{}", stderr(&o));
+}
+
+#[test]
 fn import_refuses_a_pickle_that_would_run_code_naming_the_offset() {
     // PROTO 2, GLOBAL os.system, SHORT_BINUNICODE "echo", TUPLE1, REDUCE, STOP.
     let mut bytes = b"\x80\x02cos\nsystem\n".to_vec();
