@@ -2,6 +2,7 @@
 //! measured in the same run, so the figures survive a noisy machine; and a fragmentation report
 //! of every shipped trace.
 
+use npu_alloc_cli::say;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 

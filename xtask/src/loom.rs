@@ -2,6 +2,7 @@
 //! `--cfg loom` in release mode into `target/loom` (so the flag does not invalidate the normal
 //! build), with a preemption bound that keeps the run within CI's budget.
 
+use npu_alloc_cli::say;
 use std::io::{BufRead, BufReader};
 use std::process::{ExitCode, Stdio};
 use std::time::Instant;

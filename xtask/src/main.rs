@@ -4,17 +4,6 @@
 //! The user commands (`replay`, `conf`, `stress`, `import-snapshot`, `tune`) belong to the `npu-alloc` tool; here they are
 //! aliases that forward their arguments to it, so `cargo xtask replay ...` works in a checkout.
 
-/// `println!` that ends quietly when the reader of stdout goes away (`cargo xtask bench
-/// --fragmentation | head`), as the user commands do.
-macro_rules! say {
-    () => {
-        npu_alloc_cli::print_line(format_args!(""))
-    };
-    ($($arg:tt)*) => {
-        npu_alloc_cli::print_line(format_args!($($arg)*))
-    };
-}
-
 mod bench;
 mod cargo;
 mod loom;

@@ -7,6 +7,7 @@
 //! error (never panic or deadlock); afterwards, with everything freed and the cache emptied,
 //! nothing may be allocated, reserved, charged on the fake or left as an event.
 
+use npu_alloc_cli::say;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

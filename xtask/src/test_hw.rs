@@ -9,6 +9,7 @@
 //! hardware it runs `npu-runtime`'s hardware tests (`tests/hw.rs`, `#[ignore]`d in normal
 //! runs) against the library the probe found.
 
+use npu_alloc_cli::say;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

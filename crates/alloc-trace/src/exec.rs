@@ -1754,26 +1754,21 @@ impl Executor {
         // In torch_npu's flavour a failed device malloc goes on through the chain; the error of
         // the op's last device malloc, if it was injected, is what a failed chain returns
         // (unless the fraction limit refused the last attempt before the device was asked).
-        // With `throw_on_npumalloc_oom`, each segment request asks the device's total first, and
-        // a failure of that call ends the malloc with its error.
+        // With `throw_on_npumalloc_oom` each segment request asks the device's total first, and
+        // in a memory-saver region with a margin each new segment asks for the free memory
+        // (torch_memory_saver's check): a failure of either check's call ends the malloc with
+        // its error.
         let rejecting = self.alloc.conf().throw_on_npumalloc_oom;
-        let rejection_check_error = fired
-            .iter()
-            .rfind(|f| f.call == DeviceCall::MemInfo)
-            .filter(|_| rejecting)
-            .map(Scheduled::error);
-        // In a memory-saver region with a margin, each new segment asks for the device's free
-        // memory first (torch_memory_saver's check), and a failure of that call ends the malloc.
         let in_region = self.scopes.last().is_some_and(|&(region, _)| region);
         let margin = if in_region {
             self.alloc.saver_memory_margin()
         } else {
             0
         };
-        let margin_check_error = fired
+        let segment_check_error = fired
             .iter()
             .rfind(|f| f.call == DeviceCall::MemInfo)
-            .filter(|_| margin > 0)
+            .filter(|_| rejecting || margin > 0)
             .map(Scheduled::error);
         let malloc_calls = self.calls()[DeviceCall::Malloc as usize];
         let last_error = fired
@@ -1791,9 +1786,7 @@ impl Executor {
                 ));
             }
             (Err(AllocError::OutOfMemory(_)), None) => {}
-            (Err(AllocError::Device(got)), None)
-                if Some(got) == rejection_check_error.as_ref()
-                    || Some(got) == margin_check_error.as_ref() => {}
+            (Err(AllocError::Device(got)), None) if Some(got) == segment_check_error.as_ref() => {}
             // A new expandable segment asks for the device's total too, as does the rejection
             // check of each segment request and the margin's check of a region's.
             (_, None) if fired_mem_info && !before.expandable && !rejecting && margin == 0 => {
@@ -1933,10 +1926,7 @@ impl Executor {
                 }
             }
             Err(AllocError::Device(_))
-                if must_fail.is_some()
-                    || last_error.is_some()
-                    || rejection_check_error.is_some()
-                    || margin_check_error.is_some() =>
+                if must_fail.is_some() || last_error.is_some() || segment_check_error.is_some() =>
             {
                 self.counts.device_errors += 1;
                 self.allocation_count_is(count, &what)?;

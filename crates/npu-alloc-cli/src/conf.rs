@@ -1,7 +1,7 @@
 //! `npu-alloc conf`: parse an allocator config string (or the environment) and explain the
 //! result, as text or as the JSON object of `docs/alloc-conf.md`.
 
-use crate::out::say;
+use crate::say;
 use std::ffi::OsString;
 use std::process::ExitCode;
 

@@ -17,16 +17,16 @@ pub fn line(args: fmt::Arguments<'_>) {
     }
 }
 
-/// `println!` through [`line`].
+/// `println!` through [`line`] (exported for `cargo xtask`'s own commands).
+#[macro_export]
 macro_rules! say {
     () => {
-        $crate::out::line(format_args!(""))
+        $crate::print_line(format_args!(""))
     };
     ($($arg:tt)*) => {
-        $crate::out::line(format_args!($($arg)*))
+        $crate::print_line(format_args!($($arg)*))
     };
 }
-pub(crate) use say;
 
 /// "s" unless `n` is 1: "1 stream", "2 streams".
 pub(crate) fn plural(n: u64) -> &'static str {

@@ -3,8 +3,8 @@
 //! invariant after it, as the stress engine does. `--plot` draws the memory curves (one set per
 //! `--conf`), `--snapshot` writes the end state and history as a PyTorch memory snapshot.
 
-use crate::out::say;
 use crate::plot;
+use crate::say;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

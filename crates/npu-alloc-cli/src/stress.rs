@@ -3,7 +3,7 @@
 //! policy (see `alloc_trace::stress`). A failure prints the seed, the command that reproduces it,
 //! and the shrunk operations as `.trace` text that `npu-alloc replay --check` re-runs.
 
-use crate::out::say;
+use crate::say;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

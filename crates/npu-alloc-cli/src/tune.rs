@@ -10,9 +10,9 @@ use alloc_trace::{Observe, Setup};
 use alloc_tune::{DEFAULT_EVALS, Eval, Key, Options, Outcome, Target};
 use serde_json::json;
 
-use crate::out::say;
 use crate::plot;
 use crate::replay::parse_size_arg;
+use crate::say;
 
 /// Arguments of `npu-alloc tune`.
 #[derive(clap::Args)]
