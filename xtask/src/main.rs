@@ -72,7 +72,8 @@ fn forward(name: &str, args: Forwarded) -> ExitCode {
 }
 
 /// Runs `npu-alloc name args` from the release build, in the caller's directory: `tune` replays
-/// a trace tens of thousands of times, about 14 times slower in xtask's own debug build.
+/// a trace tens of thousands of times, fastest in the release build (xtask's own build is the
+/// test profile: opt-level 1, debug assertions on).
 fn forward_release(name: &str, args: Forwarded) -> ExitCode {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| OsString::from("cargo"));
     let manifest = cargo::workspace_root().join("Cargo.toml");
