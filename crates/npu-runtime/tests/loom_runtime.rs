@@ -1,7 +1,8 @@
 //! Loom models of the runtime's locking: the real [`Runtime`] (its `sync` module switched to
 //! loom's types) over `alloc-sim`'s simulated devices, each behind the runtime's device lock.
 //!
-//! Run with `cargo xtask loom` (`RUSTFLAGS="--cfg loom"`, release, `LOOM_MAX_PREEMPTIONS=2`).
+//! Run with `cargo xtask loom` (`RUSTFLAGS="--cfg loom"`, release, `LOOM_MAX_PREEMPTIONS=2`; CI
+//! runs `--preemptions 3`).
 #![cfg(loom)]
 
 mod sim;
